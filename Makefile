@@ -11,7 +11,7 @@ export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install demo test nbtest pytest check-clean docs docs-test bench gpu-check clean
+.PHONY: install demo test nbtest pytest check-clean docs readme docs-test chromium bench gpu-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -35,8 +35,23 @@ nbtest: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/pytest -q
 
-## test: notebooks and package agree, every notebook's tests, then pytest (its summary line is last)
-test: $(STAMP)
+## chromium: Debian's headless browser for the docs test (root on CI and here)
+chromium:
+	command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+## docs: the site from the processed notebooks, offline, into _site/
+docs: $(STAMP)
+	$(PY) docs/build.py
+
+readme: $(STAMP)
+	$(PY) docs/build.py readme
+
+docs-test: $(STAMP) chromium
+	$(BIN)/pytest -q tests/test_docs.py
+
+## test: notebooks and package agree, every notebook's tests, then pytest (docs + browser test included;
+## its summary line is last)
+test: $(STAMP) chromium
 	bash .ci/check-clean $(BIN)
 	$(BIN)/nbdev-test --n-workers 2 --timing
 	$(BIN)/pytest -q
