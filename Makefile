@@ -22,9 +22,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-## demo: the main job (for now: the capacity plan of the default geometry in every format)
+## demo: the main job: the capacity plan of the seed's 27B in every format, then Gemma 3 270M generating
+## the same prompt through hq-e8-2b and bf16 pages on one byte budget (plans, texts, where they first differ)
 demo: $(STAMP)
 	$(BIN)/hqkv plan
+	$(BIN)/hqkv demo
 
 check-clean: $(STAMP)
 	bash .ci/check-clean $(BIN)
@@ -58,6 +60,7 @@ test: $(STAMP) chromium
 
 ## bench: the long measurements (`#| slow` cells), tables saved beside the notebooks
 bench: $(STAMP)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
 	$(BIN)/nbdev-test --n-workers 1 --flags slow --timing
 
 ## gpu-check: kernel checks + benchmarks on a GPU machine (kernels/README.md)
