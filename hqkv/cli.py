@@ -145,4 +145,5 @@ register_command("plan", "geometry x KV format x budget -> pages, tokens, bytes,
 
 # %% ../nbs/42_cli.ipynb #b3564639
 if __name__ == "__main__" and getattr(globals().get("__spec__"), "name", None) == "hqkv.cli":
-    raise SystemExit(main())
+    from hqkv.cli import main as _main   # the imported module: the one the other modules register their commands with
+    raise SystemExit(_main())

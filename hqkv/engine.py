@@ -221,6 +221,7 @@ class Engine:
         self._ids = itertools.count()
         self.counters = dict(requests_total=0, finished_total=0, cancelled_total=0, prompt_tokens_total=0, generated_tokens_total=0, steps_total=0)
         self.config, self.pool, self.paged = None, None, None
+        self._step_hooks: list[Callable] = []
         self._build(cfg)
 
     def _build(self, cfg:EngineConfig):
@@ -319,8 +320,21 @@ class Engine:
             r.state = self.model.new_state(kv=view)
             self.running.append(r)
 
+    def on_step(self, callback:Callable) -> Callable:
+        "Call `callback(engine, events)` after every `step` (also one with nothing to run); returns a function that removes it."
+        if not callable(callback): raise TypeError(f"on_step needs a callable, got {type(callback).__name__}")
+        self._step_hooks.append(callback)
+        def remove():
+            if callback in self._step_hooks: self._step_hooks.remove(callback)
+        return remove
+
     def step(self) -> list:
         "One forward over the running batch: a decode token per decoding request, plus prompt chunks up to engine.prefill_chunk tokens."
+        events = self._step()
+        for hook in list(self._step_hooks): hook(self, events)
+        return events
+
+    def _step(self) -> list:
         self._admit()
         if not self.running: return []
         batch, budget = [], self.config.prefill_chunk

@@ -43,3 +43,12 @@ def test_bad_input_exit_2_without_traceback(args, msg):
     assert r.returncode == 2
     assert msg in r.stderr
     assert "Traceback" not in r.stderr
+
+@pytest.mark.parametrize("entry", ["module", "script"])
+def test_help_lists_every_command(entry):
+    "Both entry points see the commands other modules register (`python -m hqkv.cli` once saw only `plan`)."
+    if entry == "script" and not SCRIPT.exists(): pytest.skip(f"console script not installed at {SCRIPT}")
+    r = run(entry, "--help")
+    assert r.returncode == 0, r.stderr
+    listed = {l.split()[0] for l in r.stdout.splitlines() if l.startswith("    ") and l.split()}
+    for cmd in ("plan", "generate", "demo", "eval", "calibrate"): assert cmd in listed, (cmd, r.stdout)
