@@ -89,6 +89,7 @@ def _tables(dev)->dict:
                  idx8=torch.arange(8, dtype=torch.int32)[:, None], msd=ms[:, :4] - 0.5, msp=(ms.sum(1) % 2).bool(),
                  msn=(ms * ms).sum(1), a12=A[227:].clone(), abs=A, grid=e8p_grid())
         t["norm2"] = (t["grid"] ** 2).sum(1)                                # squared norm of every codeword
+        t["grid4"] = (t["grid"] * 4).to(torch.int8)                         # 4 x grid: integers in [-13, 13], exact
         _TABLES[dev] = {k: v.to(dev) for k, v in t.items()}
     return _TABLES[dev]
 
@@ -233,6 +234,7 @@ class HQE8(Codec):
     def _decode_rotated(self, rows:Tensor)->Tensor:
         n, D, Q = rows.shape[0], self.head_dim, self.quarters
         b = rows[:, : D // 4].to(torch.int64)
-        c = _tables(rows.device)["grid"][b[:, 0::2] | (b[:, 1::2] << 8)].reshape(n, Q, D // Q)
-        s = rows[:, D // 4:].contiguous().view(torch.bfloat16).to(torch.float32)
+        idx = (b[:, 0::2] | (b[:, 1::2] << 8)).reshape(-1)
+        c = _tables(rows.device)["grid4"].index_select(0, idx).reshape(n, Q, D // Q).to(torch.float32)   # int8 table: 4x less to read
+        s = rows[:, D // 4:].contiguous().view(torch.bfloat16).to(torch.float32) * 0.25   # (4 grid) (s / 4) = grid s, bit for bit
         return (c * s[..., None]).reshape(n, D)
