@@ -11,7 +11,7 @@ export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install demo test nbtest pytest check-clean docs readme docs-test chromium bench gpu-check clean
+.PHONY: install demo test nbtest pytest check-clean docs readme docs-test chromium bench bench-texts gpu-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -58,8 +58,12 @@ test: $(STAMP) chromium
 	$(BIN)/nbdev-test --n-workers 2 --timing
 	$(BIN)/pytest -q
 
-## bench: the long measurements (`#| slow` cells), tables saved beside the notebooks
-bench: $(STAMP)
+## bench-texts: the full evaluation texts (Debian's bible-kjv and python3.11-doc; the tests use shipped excerpts)
+bench-texts:
+	command -v bible >/dev/null 2>&1 && ls /usr/share/doc/python3*/html/_sources/tutorial >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bible-kjv python3.11-doc >/dev/null; }
+
+## bench: the long measurements (`#| slow` cells), tables saved beside the notebooks (nbs/results/)
+bench: $(STAMP) bench-texts
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
 	$(BIN)/nbdev-test --n-workers 1 --flags slow --timing
 

@@ -211,7 +211,7 @@ class Engine:
         if not isinstance(cfg, EngineConfig): raise TypeError(f"config must be an EngineConfig, got {type(cfg).__name__}")
         if model is None:
             from hqkv.models.gemma3 import load_gemma3
-            model = load_gemma3(cfg.torch_dtype)
+            model = load_gemma3(cfg.torch_dtype, cfg.device)
         self.model, self.tokenizer = model, model.tokenizer
         self.geometry = _geometry_of(model)
         eot = self.tokenizer.sp.piece_to_id("<end_of_turn>")
@@ -228,7 +228,8 @@ class Engine:
         "Make the pool and its PagedKV for `cfg` (nothing changes if that fails)."
         if cfg.max_context > self.model.cfg.max_position:
             raise ValueError(f"engine.max_context={cfg.max_context} exceeds the model's context of {self.model.cfg.max_position} tokens")
-        if torch.device(cfg.device) != self.model.embed.device or cfg.torch_dtype != self.model.dtype:
+        want, have = torch.device(cfg.device), self.model.embed.device
+        if want.type != have.type or want.index not in (None, have.index) or cfg.torch_dtype != self.model.dtype:   # 'cuda' is 'cuda:0'
             raise ValueError(f"the model is {self.model.dtype} on {self.model.embed.device}, the config asks for {cfg.dtype} on {cfg.device}: "
                              "load the model that way (or pass model=) and build a new Engine")
         p = plan(self.geometry, cfg.kv_format, cfg.kv_pool_bytes, context=cfg.max_context, exact_tokens=cfg.window_sinks + cfg.window_recent)

@@ -221,7 +221,7 @@ def rope_cos_sin(pos:Tensor, # int positions [T]
                  theta:float, # RoPE base
                 )->tuple: # (cos, sin), float32 [T, dim]
     "RoPE tables for `pos` in the rotate-half layout."
-    inv = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
+    inv = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device=pos.device).float() / dim)
     f = pos.float()[:, None] * inv[None, :]
     e = torch.cat([f, f], -1)
     return e.cos(), e.sin()
@@ -281,11 +281,11 @@ class DenseKV:
 
 class LocalRing:
     "Fixed-size sliding-window K/V of one sequence: `window` slots per local layer, token p in slot p % window."
-    def __init__(self, n_layers:int, window:int, n_kv:int, head_dim:int, dtype:torch.dtype=torch.bfloat16):
+    def __init__(self, n_layers:int, window:int, n_kv:int, head_dim:int, dtype:torch.dtype=torch.bfloat16, device=None):
         self.window = window
-        self.k = torch.zeros(n_layers, window, n_kv, head_dim, dtype=dtype)
+        self.k = torch.zeros(n_layers, window, n_kv, head_dim, dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
-        self.pos = torch.full((n_layers, window), -1, dtype=torch.int64)   # -1: empty slot
+        self.pos = torch.full((n_layers, window), -1, dtype=torch.int64, device=device)   # -1: empty slot
     def attend(self, i:int, # local-layer slot (0..n_layers-1)
                q:Tensor, k:Tensor, v:Tensor, pos:Tensor, scale:float)->Tensor:
         "Attend q over the ring's old entries plus this chunk's k, v (window-masked), then write the chunk in."
@@ -343,7 +343,7 @@ class Gemma3(nn.Module):
         kv = DenseKV() if kv is None else kv
         if not isinstance(kv, GlobalKV): raise TypeError(f"kv must have an attend(layer, q, k, v, pos, scale) method, got {type(kv).__name__}")
         c = self.cfg
-        return SeqState(LocalRing(len(self.local_layers), c.sliding_window, c.num_kv_heads, c.head_dim, ring_dtype), kv)
+        return SeqState(LocalRing(len(self.local_layers), c.sliding_window, c.num_kv_heads, c.head_dim, ring_dtype, self.embed.device), kv)
 
     def _check(self, states, ids):
         if isinstance(states, SeqState): states, ids = [states], [ids]
@@ -372,12 +372,12 @@ class Gemma3(nn.Module):
         if not (logits in ('last', 'all', 'none') or (isinstance(logits, int) and not isinstance(logits, bool) and logits > 0)):
             raise ValueError(f"logits must be 'last', 'all', 'none' or a positive int, got {logits!r}")
         states, ids = self._check(states, ids)
-        c, lens = self.cfg, [len(t) for t in ids]
-        pos = [torch.arange(s.pos, s.pos + n) for s, n in zip(states, lens)]
+        c, lens, dev = self.cfg, [len(t) for t in ids], self.embed.device
+        pos = [torch.arange(s.pos, s.pos + n, device=dev) for s, n in zip(states, lens)]
         allpos = torch.cat(pos)
         rope = {glob: rope_cos_sin(allpos, c.head_dim, c.rope_theta_global if glob else c.rope_theta_local) for glob in (True, False)}
         N, Hq, Hkv, D = len(allpos), c.num_heads, c.num_kv_heads, c.head_dim
-        x = F.embedding(torch.cat(ids), self.embed) * torch.tensor(c.hidden_size ** 0.5, dtype=self.dtype)
+        x = F.embedding(torch.cat(ids).to(dev), self.embed) * torch.tensor(c.hidden_size ** 0.5, dtype=self.dtype, device=dev)
         for L in self.layers:
             h = rms_norm(x, L.attn_norm, c.rms_eps)
             cos, sin = rope[L.is_global]
@@ -395,11 +395,11 @@ class Gemma3(nn.Module):
             x = x + rms_norm(h, L.post_ffn_norm, c.rms_eps)
         for s, n in zip(states, lens): s.pos += n
         if logits == 'none': return [None] * len(states)
-        ends = torch.tensor(lens).cumsum(0)
+        ends = torch.tensor(lens, device=dev).cumsum(0)
         if logits == 'last': sel = ends - 1
         else:
             keep = [n if logits == 'all' else min(logits, n) for n in lens]
-            sel = torch.cat([torch.arange(e - k, e) for e, k in zip(ends.tolist(), keep)])
+            sel = torch.cat([torch.arange(e - k, e, device=dev) for e, k in zip(ends.tolist(), keep)])
         out = F.linear(rms_norm(x[sel], self.final_norm, c.rms_eps), self.embed).float()   # the tied LM head
         return list(out) if logits == 'last' else list(out.split(keep))
 
@@ -436,10 +436,15 @@ def gemma3_from_gguf(path:str|Path, # a Gemma 3 GGUF file
     m.tokenizer = Gemma3Tokenizer(f.metadata)
     return m.eval()
 
-@functools.lru_cache(maxsize=2)
-def load_gemma3(dtype:torch.dtype=torch.float32)->Gemma3:
-    "Gemma 3 270M from the pip model package, loaded once per process and dtype."
-    return gemma3_from_gguf(gguf_path(), dtype)
+@functools.lru_cache(maxsize=4)
+def _load_gemma3(dtype:torch.dtype, device:torch.device)->Gemma3:
+    return gemma3_from_gguf(gguf_path(), dtype).to(device)   # a fresh load per device: the CPU copy in the cache stays on the CPU
+
+def load_gemma3(dtype:torch.dtype=torch.float32, # weight and compute dtype
+                device:str|torch.device="cpu", # where the weights live and the forward runs
+               )->Gemma3:
+    "Gemma 3 270M from the pip model package, loaded once per process, dtype and device."
+    return _load_gemma3(dtype, torch.device(device))
 
 # %% ../../nbs/40_models.gemma3.ipynb #4f0b93da
 _HF_NAMES = dict(q_proj='self_attn.q_proj', k_proj='self_attn.k_proj', v_proj='self_attn.v_proj', o_proj='self_attn.o_proj',
