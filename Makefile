@@ -67,9 +67,12 @@ bench: $(STAMP) bench-texts
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
 	$(BIN)/nbdev-test --n-workers 1 --flags slow --timing
 
-## gpu-check: kernel checks + benchmarks on a GPU machine (kernels/README.md)
-gpu-check: $(STAMP)
-	TRITON_INTERPRET=0 $(PY) kernels/check_attention.py && TRITON_INTERPRET=0 $(PY) kernels/bench_attention.py
+## gpu-check: kernel checks + benchmarks on a GPU machine (kernels/README.md). No install: the kernels need only
+## torch and triton, so it runs with the machine's own Python (GPU_PY) on the source tree
+GPU_PY ?= python3
+gpu-check:
+	PYTHONPATH=. TRITON_INTERPRET=0 $(GPU_PY) kernels/check_attention.py
+	PYTHONPATH=. TRITON_INTERPRET=0 $(GPU_PY) kernels/bench_attention.py --out kernels/results.md
 
 clean:
 	rm -rf _site _docs _proc .pytest_cache

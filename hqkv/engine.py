@@ -419,7 +419,7 @@ class Engine:
 def _engine_flags(a) -> dict:
     "Engine settings given on the command line (None: not given)."
     return dict(kv_format=getattr(a, "format", None), kv_pool_bytes=a.budget, max_context=a.context, prefill_chunk=a.prefill_chunk,
-                window_sinks=a.window_sinks, window_recent=a.window_recent, key_profile=a.key_profile, attn=getattr(a, "attn", None))
+                window_sinks=a.window_sinks, window_recent=a.window_recent, key_profile=a.key_profile, attn=a.attn, device=a.device)
 
 def _engine_args(p:argparse.ArgumentParser, budget_help:str):
     p.add_argument("--budget", help=budget_help)
@@ -428,6 +428,8 @@ def _engine_args(p:argparse.ArgumentParser, budget_help:str):
     p.add_argument("--window-sinks", type=int, help="kv.window_sinks (default 32)")
     p.add_argument("--window-recent", type=int, help="kv.window_recent (default 512)")
     p.add_argument("--key-profile", help="kv.key_profile: 'auto' (default: the shipped profile for rotated formats), 'off', or a file")
+    p.add_argument("--device", help="engine.device: where the model and the pool live ('cpu' default, 'cuda', 'cuda:1')")
+    p.add_argument("--attn", help="engine.attn: attention backend (gather, ref, triton; default: picked per device)")
     p.add_argument("--config", help="a TOML config file ([model] [vram] [engine] [kv]; default: $HQKV_CONFIG)")
 
 def _prompt_text(a) -> str:
