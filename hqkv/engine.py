@@ -17,12 +17,13 @@ from .pool import KVPool, PoolFull
 from .sizing import GEOMETRIES, Geometry, parse_budget, plan
 from .runner import PagedKV, ATTN_BACKENDS
 from .cli import register_command
+from .fixtures import load_text
 
 _log = logging.getLogger("hqkv.runtime")
 
 # %% auto #0
 __all__ = ['CONFIG_KEYS', 'DEMO_DEFAULTS', 'env_name', 'EngineConfig', 'SamplingParams', 'sample', 'Request', 'TokenEvent',
-           'Engine', 'first_difference', 'demo_report', 'hqkv_data_dir']
+           'Engine', 'first_difference', 'demo_report']
 
 # %% ../nbs/41_engine.ipynb #ba93ab84
 CONFIG_KEYS = {  # EngineConfig field -> (config-file table, key); the environment variable is HQKV_<TABLE>_<KEY>
@@ -510,7 +511,7 @@ def demo_report(prompt:str|None=None, # text (default: the KJV excerpt cut to `p
     eng = Engine(dataclasses.replace(cfg, kv_format=formats[0]))
     if prompt is None:
         _int("prompt_tokens", prompt_tokens, 1)
-        ids = eng.tokenizer.encode((Path(hqkv_data_dir()) / "kjv_excerpt.txt").read_text())[:prompt_tokens]
+        ids = eng.tokenizer.encode(load_text("kjv"))[:prompt_tokens]
     else: ids = eng.encode(prompt)
     runs = {}
     for i, f in enumerate(formats):
@@ -519,13 +520,10 @@ def demo_report(prompt:str|None=None, # text (default: the KJV excerpt cut to `p
         runs[f] = dict(text=r.text, tokens=r.output_ids, plan=eng.plan.as_dict(), key_profile=eng.key_profile, vram_plan=eng.plan_line(), **_rates(r))
     a, b = (runs[f]["tokens"] for f in formats)
     d = first_difference(a, b)
+    piece = lambda t: repr(eng.tokenizer.decode(t[d:d + 1])) if d < len(t) else "(end)"
     return dict(prompt_tokens=len(ids), prompt_tail=eng.tokenizer.decode(ids[-24:]), formats=list(formats), runs=runs, first_difference=d,
+                first_difference_pieces=None if d is None else [piece(a), piece(b)],
                 config=dataclasses.replace(eng.config, kv_format=formats[0]).as_dict())
-
-def hqkv_data_dir() -> Path:
-    "The package's data folder (texts and fixtures)."
-    import hqkv
-    return Path(hqkv.__file__).resolve().parent / "data"
 
 def _demo_text(r:dict) -> str:
     f0, f1 = r["formats"]
@@ -539,13 +537,11 @@ def _demo_text(r:dict) -> str:
     out += [r["runs"][f0]["vram_plan"], r["runs"][f1]["vram_plan"], "", f"prompt ends: {r['prompt_tail']!r}"]
     w = max(len(f0), len(f1))
     for f in (f0, f1): out.append(f"{f:>{w}}: {r['runs'][f]['text']!r}")
-    d, t0, t1 = r["first_difference"], r["runs"][f0]["tokens"], r["runs"][f1]["tokens"]
-    if d is None: out.append(f"the two agree on all {len(t0)} new tokens")
+    d = r["first_difference"]
+    if d is None: out.append(f"the two agree on all {len(r['runs'][f0]['tokens'])} new tokens")
     else:
-        from hqkv.models.gemma3 import load_gemma3
-        tok = load_gemma3(_DTYPES[r["config"]["engine.dtype"]]).tokenizer
-        piece = lambda t, i: repr(tok.decode(t[i:i + 1])) if i < len(t) else "(end)"
-        out.append(f"first difference at new token {d + 1}: {f0} {piece(t0, d)} vs {f1} {piece(t1, d)}" + (f" (the first {d} agree)" if d else ""))
+        p0, p1 = r["first_difference_pieces"]
+        out.append(f"first difference at new token {d + 1}: {f0} {p0} vs {f1} {p1}" + (f" (the first {d} agree)" if d else ""))
     return "\n".join(out)
 
 def _demo_run(a) -> int:

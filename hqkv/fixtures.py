@@ -27,16 +27,28 @@ def load_text(name:str="kjv")->str: # "kjv" or "pydoc"
     if name not in TEXTS: raise ValueError(f"unknown text {name!r}; available: {sorted(TEXTS)}")
     return (DATA_DIR / TEXTS[name]).read_text(encoding="utf-8")
 
-def kjv_from_bible(raw:str, # output of `bible -f Gen1:1-Gen11:32`
+_KJV_BOOKS = {"Ge": "Genesis", "Exo": "Exodus", "Lev": "Leviticus", "Num": "Numbers", "Deu": "Deuteronomy", "Josh": "Joshua",
+    "Jdgs": "Judges", "Ruth": "Ruth", "1Sm": "1 Samuel", "2Sm": "2 Samuel", "1Ki": "1 Kings", "2Ki": "2 Kings", "1Chr": "1 Chronicles",
+    "2Chr": "2 Chronicles", "Ezra": "Ezra", "Neh": "Nehemiah", "Est": "Esther", "Job": "Job", "Psa": "Psalms", "Prv": "Proverbs",
+    "Eccl": "Ecclesiastes", "SSol": "Song of Solomon", "Isa": "Isaiah", "Jer": "Jeremiah", "Lam": "Lamentations", "Eze": "Ezekiel",
+    "Dan": "Daniel", "Hos": "Hosea", "Joel": "Joel", "Amos": "Amos", "Obad": "Obadiah", "Jonah": "Jonah", "Mic": "Micah",
+    "Nahum": "Nahum", "Hab": "Habakkuk", "Zep": "Zephaniah", "Hag": "Haggai", "Zec": "Zechariah", "Mal": "Malachi",
+    "Mat": "Matthew", "Mark": "Mark", "Luke": "Luke", "John": "John", "Acts": "Acts", "Rom": "Romans", "1Cor": "1 Corinthians",
+    "2Cor": "2 Corinthians", "Gal": "Galatians", "Eph": "Ephesians", "Phi": "Philippians", "Col": "Colossians",
+    "1Th": "1 Thessalonians", "2Th": "2 Thessalonians", "1Tim": "1 Timothy", "2Tim": "2 Timothy", "Titus": "Titus",
+    "Phmn": "Philemon", "Heb": "Hebrews", "Jas": "James", "1Pet": "1 Peter", "2Pet": "2 Peter", "1Jn": "1 John", "2Jn": "2 John",
+    "3Jn": "3 John", "Jude": "Jude", "Rev": "Revelation"}   # `bible -f` book abbreviations
+
+def kjv_from_bible(raw:str, # output of `bible -f RANGE`: one 'Ge1:1 text' line per verse, any books
                   )->str:
-    "Reformat `bible -f` output ('Ge1:1 text' lines) as chapter headings and numbered verses."
+    "Reformat `bible -f` output as 'Book C' chapter headings and 'V text' verse lines (as `hqkv/data/kjv_excerpt.txt`)."
     import re
     out, chap = [], None
     for line in raw.splitlines():
-        m = re.match(r"^Ge(\d+):(\d+) (.*)$", line)
-        if m is None: raise ValueError(f"unexpected line from `bible -f`: {line[:60]!r}")
-        c, v, t = m.groups()
-        if c != chap: out += ([""] if chap else []) + [f"Genesis {c}", ""]; chap = c
+        m = re.match(r"^([1-3]?[A-Za-z]+)(\d+):(\d+) (.*)$", line)
+        if m is None or m.group(1) not in _KJV_BOOKS: raise ValueError(f"unexpected line from `bible -f`: {line[:60]!r}")
+        b, ch, v, t = m.groups()
+        if (b, ch) != chap: out += ([""] if chap else []) + [f"{_KJV_BOOKS[b]} {ch}", ""]; chap = (b, ch)
         out.append(f"{v} {t}")
     return "\n".join(out) + "\n"
 

@@ -117,6 +117,7 @@ class HQKVLayer(CacheLayerMixin):
         self.seqs = [SeqKV(self.codec, H, self.sinks, self.recent, self.device) for _ in range(B)]
         self.path = "paged" if _attn_impl(self.config) == ATTN_NAME else "decoded"
         self._valid = torch.zeros(B, 0, dtype=torch.bool, device=self.device)
+        if self.profile is not None: self.profile = self.profile.to(self.device)   # once, not per call
         self.is_initialized = True
 
     def update(self, key_states:Tensor, value_states:Tensor, # [B, kv_heads, T, D]: the chunk, post-RoPE

@@ -357,7 +357,8 @@ class KVPool:
                  kv_format:str,           # a registered KV format, e.g. "hq-e8-2b" or "bf16"
                  budget,                  # bytes or tokens: anything `hqkv.sizing.parse_budget` takes ("3G", "900Ktok", 123456)
                  page_tokens:int=64,      # tokens per page
-                 device=None):            # where the pages live (default CPU; "meta" for bookkeeping without memory)
+                 device=None,             # where the pages live (default CPU; "meta" for bookkeeping without memory)
+                 codec_opts:dict|None=None): # options for `get_codec` (e.g. {"allow": True} for tbq3)
         if not isinstance(kv_format, str): raise TypeError(f"kv_format must be a registered format name, got {type(kv_format).__name__}")
         self.plan: Plan = plan(geometry, kv_format, budget, page_tokens)   # validates geometry, format, budget, page_tokens
         g = self.geometry = get_geometry(geometry)
@@ -368,7 +369,7 @@ class KVPool:
         self.alloc = PageAllocator(self.plan.pages, page_tokens, _pool_salt(g, kv_format, page_tokens))
         self.kv = torch.empty((g.attn_layers, 2, self.plan.pages, page_tokens, g.kv_heads, self.row_bytes),
                               dtype=torch.uint8, device=device)
-        self._codec, self._registry = None, None
+        self._codec, self._registry, self.codec_opts = None, None, dict(codec_opts or {})
 
     num_pages = property(lambda self: self.alloc.num_pages, doc="pages in the pool")
     page_bytes = property(lambda self: self.plan.page_bytes, doc="bytes of one page (all attention layers, K and V, all KV heads)")
@@ -376,7 +377,7 @@ class KVPool:
     @property
     def codec(self) -> Codec:
         "The pool's codec (built on first use)."
-        if self._codec is None: self._codec = get_codec(self.kv_format, head_dim=self.geometry.head_dim)
+        if self._codec is None: self._codec = get_codec(self.kv_format, head_dim=self.geometry.head_dim, **self.codec_opts)
         return self._codec
 
     def k(self, layer:int) -> Tensor:

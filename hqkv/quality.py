@@ -6,7 +6,7 @@ Docs: https://hqkv.github.io/hqkv/quality.html.md"""
 
 # %% ../nbs/50_quality.ipynb #7bd86643
 from __future__ import annotations
-import argparse, contextlib, functools, glob, json, math, os, random, re, shutil, subprocess, time
+import argparse, functools, glob, json, math, random, re, shutil, subprocess, time
 from dataclasses import dataclass
 from pathlib import Path
 import torch
@@ -14,44 +14,21 @@ from torch import Tensor
 from .codec import list_codecs, codec_class
 from .sizing import get_geometry, bytes_per_token
 from .cli import register_command
+from .fixtures import kjv_from_bible
 
 # %% auto #0
-__all__ = ['PYDOC_GLOB', 'TEXTS', 'GEOMETRY', 'NIAH_INTRO', 'NIAH_NEEDLE', 'NIAH_QUESTION', 'ORACLE', 'kjv_format', 'kjv_text',
-           'pydoc_text', 'eval_text', 'text_windows', 'KVVariant', 'ProfiledKV', 'kv_state', 'TokenScores', 'kld_eval',
+__all__ = ['PYDOC_GLOB', 'TEXTS', 'GEOMETRY', 'NIAH_INTRO', 'NIAH_NEEDLE', 'NIAH_QUESTION', 'ORACLE', 'kjv_text', 'pydoc_text',
+           'eval_text', 'text_windows', 'KVVariant', 'codec_opts', 'ProfiledKV', 'kv_state', 'TokenScores', 'kld_eval',
            'NeedlePrompt', 'niah_key', 'niah_prompt', 'niah_score', 'text_ids', 'run_kld', 'run_niah', 'summarize',
            'table_markdown', 'write_table', 'eval_variants']
 
 # %% ../nbs/50_quality.ipynb #137bc602
-_KJV_BOOKS = {"Ge": "Genesis", "Exo": "Exodus", "Lev": "Leviticus", "Num": "Numbers", "Deu": "Deuteronomy", "Josh": "Joshua",
-    "Jdgs": "Judges", "Ruth": "Ruth", "1Sm": "1 Samuel", "2Sm": "2 Samuel", "1Ki": "1 Kings", "2Ki": "2 Kings", "1Chr": "1 Chronicles",
-    "2Chr": "2 Chronicles", "Ezra": "Ezra", "Neh": "Nehemiah", "Est": "Esther", "Job": "Job", "Psa": "Psalms", "Prv": "Proverbs",
-    "Eccl": "Ecclesiastes", "SSol": "Song of Solomon", "Isa": "Isaiah", "Jer": "Jeremiah", "Lam": "Lamentations", "Eze": "Ezekiel",
-    "Dan": "Daniel", "Hos": "Hosea", "Joel": "Joel", "Amos": "Amos", "Obad": "Obadiah", "Jonah": "Jonah", "Mic": "Micah",
-    "Nahum": "Nahum", "Hab": "Habakkuk", "Zep": "Zephaniah", "Hag": "Haggai", "Zec": "Zechariah", "Mal": "Malachi",
-    "Mat": "Matthew", "Mark": "Mark", "Luke": "Luke", "John": "John", "Acts": "Acts", "Rom": "Romans", "1Cor": "1 Corinthians",
-    "2Cor": "2 Corinthians", "Gal": "Galatians", "Eph": "Ephesians", "Phi": "Philippians", "Col": "Colossians",
-    "1Th": "1 Thessalonians", "2Th": "2 Thessalonians", "1Tim": "1 Timothy", "2Tim": "2 Timothy", "Titus": "Titus",
-    "Phmn": "Philemon", "Heb": "Hebrews", "Jas": "James", "1Pet": "1 Peter", "2Pet": "2 Peter", "1Jn": "1 John", "2Jn": "2 John",
-    "3Jn": "3 John", "Jude": "Jude", "Rev": "Revelation"}   # `bible -f` abbreviations
-
-def kjv_format(raw:str, # output of `bible -f RANGE`: one 'Ge1:1 text' line per verse
-              )->str:
-    "Reformat `bible -f` output of any books as 'Book C' headings and 'V text' lines (as `hqkv/data/kjv_excerpt.txt`)."
-    out, chap = [], None
-    for line in raw.splitlines():
-        m = re.match(r"^([1-3]?[A-Za-z]+)(\d+):(\d+) (.*)$", line)
-        if m is None or m.group(1) not in _KJV_BOOKS: raise ValueError(f"unexpected line from `bible -f`: {line[:60]!r}")
-        b, c, v, t = m.groups()
-        if (b, c) != chap: out += ([""] if chap else []) + [f"{_KJV_BOOKS[b]} {c}", ""]; chap = (b, c)
-        out.append(f"{v} {t}")
-    return "\n".join(out) + "\n"
-
 def kjv_text()->str:
     "The whole King James Bible from Debian's `bible-kjv`, formatted like the shipped excerpt."
     exe = shutil.which("bible")
     if exe is None: raise ValueError("the full KJV text needs Debian's bible-kjv (`apt-get install -y bible-kjv`); "
                                      "or use --text kjv-excerpt (Genesis 1-11, shipped) or --text-file PATH")
-    return kjv_format(subprocess.run([exe, "-f", "Gen1:1-Rev22:21"], capture_output=True, text=True, check=True).stdout)
+    return kjv_from_bible(subprocess.run([exe, "-f", "Gen1:1-Rev22:21"], capture_output=True, text=True, check=True).stdout)
 
 PYDOC_GLOB = "/usr/share/doc/python3*/html/_sources/tutorial/*.rst.txt"   # Debian's python3.x-doc
 
@@ -142,23 +119,12 @@ class KVVariant:
 # %% ../nbs/50_quality.ipynb #605a0553
 GEOMETRY = "gemma-3-270m"   # the `hqkv.sizing` geometry of the evaluated model
 
-def _paged(pool, sinks:int, recent:int, ids:list):
-    "The engine's paged `GlobalKV` (`hqkv.runner.PagedKV`, CPU path 'gather') of one sequence admitted in `pool`."
-    from hqkv.runner import PagedKV
-    return PagedKV(pool, window_sinks=sinks, window_recent=recent).admit(0, ids, 0)
-
-@contextlib.contextmanager
-def _allow(fmt:str):
-    "Evaluating tbq3 is asking for it explicitly: allow it while its pool builds its codec."
-    if fmt != "tbq3": yield; return
-    old = os.environ.get("HQKV_ALLOW_TBQ3"); os.environ["HQKV_ALLOW_TBQ3"] = "1"
-    try: yield
-    finally:
-        if old is None: os.environ.pop("HQKV_ALLOW_TBQ3", None)
-        else: os.environ["HQKV_ALLOW_TBQ3"] = old
+def codec_opts(fmt:str)->dict:
+    "`get_codec` options for evaluating `fmt`: naming tbq3 in an evaluation is asking for it (allow=True)."
+    return {"allow": True} if fmt == "tbq3" else {}
 
 class ProfiledKV:
-    "A `GlobalKV` around another: keys stored as (k - mu) / sigma, queries pre-scaled by sigma (`hqkv.calibrate.KeyProfile`)."
+    "A `GlobalKV` around one without key-profile support (e.g. the oracle's `DenseKV`): keys stored as (k - mu) / sigma, queries pre-scaled by sigma."
     def __init__(self, inner, # the `GlobalKV` that stores and attends
                  profile, # a `KeyProfile` covering the model's global layers
                 ):
@@ -173,18 +139,16 @@ def kv_state(model, # a `Gemma3`
              ids:list, # every token the sequence will hold (the pool is sized and admitted for them)
              profile=None, # `KeyProfile`, used when `variant.key_profile`
             ):
-    "A fresh `SeqState` whose global layers keep their K/V as `variant` says."
+    "A fresh `SeqState` whose global layers keep their K/V as `variant` says: the engine's `PagedKV` (CPU path 'gather')."
     if variant is None: return model.new_state()
     from hqkv.pool import KVPool
+    from hqkv.runner import PagedKV
     g = get_geometry(GEOMETRY)
     if tuple(g.attn_layer_ids) != tuple(model.cfg.global_layers): raise ValueError(f"the model's global layers {model.cfg.global_layers} are not {g.name}'s {g.attn_layer_ids}")
-    with _allow(variant.kv_format):
-        pool = KVPool(g, variant.kv_format, f"{len(ids)}tok")
-        kv = _paged(pool, variant.sinks if variant.window else 0, variant.recent if variant.window else 0, ids)
-    if variant.key_profile:
-        if profile is None: raise ValueError(f"{variant.name} needs a key profile")
-        profile.check_geometry(g.attn_layer_ids, g.kv_heads, g.head_dim)
-        kv = ProfiledKV(kv, profile)
+    if variant.key_profile and profile is None: raise ValueError(f"{variant.name} needs a key profile")
+    pool = KVPool(g, variant.kv_format, f"{len(ids)}tok", codec_opts=codec_opts(variant.kv_format))
+    S, R = (variant.sinks, variant.recent) if variant.window else (0, 0)
+    kv = PagedKV(pool, window_sinks=S, window_recent=R, key_profile=profile if variant.key_profile else None).admit(0, ids, 0)
     return model.new_state(kv=kv)
 
 # %% ../nbs/50_quality.ipynb #aea98b99
@@ -502,7 +466,7 @@ def _eval_run(args)->int:
     room = model.cfg.max_position - (6 if args.task == "niah" else 0)   # niah: the prompt is followed by 6 teacher-forced answer tokens
     if max(contexts) > room: raise ValueError(f"--context {max(contexts)} exceeds the model's context of {model.cfg.max_position}" + (" minus the 6 answer tokens" if args.task == "niah" else ""))
     vs, prof = eval_variants(args.format, args.window_sinks, args.window_recent, args.key_profile, model)
-    ids = text_ids(model, name, args.text_file)
+    ids = model.tokenizer.encode(text, add_bos=False)
     meta = dict(task=args.task, model=GEOMETRY, text=name or str(args.text_file), text_tokens=len(ids), contexts=contexts, chunk=args.chunk,
                 key_profile=None if prof is None else prof.tag, threads=torch.get_num_threads())
     t0 = time.perf_counter()

@@ -150,7 +150,7 @@ class PagedKV:
         if layer not in self._li: raise ValueError(f"layer {layer} is not one of the pool's layers {self.layers}")
         i = st.index.get(view.seq_id)
         if i is None: raise RuntimeError(f"sequence {view.seq_id!r} is not in the running step")
-        if int(pos[0]) != st.pos0[i] or len(pos) != st.lens[i]:
+        if len(pos) != st.lens[i] or (st.implicit and int(pos[0]) != st.pos0[i]):   # an explicit step took pos0 from the same states
             raise RuntimeError(f"sequence {view.seq_id!r}: positions {int(pos[0])}..+{len(pos)} are not the step's {st.pos0[i]}..+{st.lens[i]}")
         li = self._li[layer]
         got = st.inputs.setdefault(li, [None] * len(st.views))
@@ -222,7 +222,8 @@ def _prepare_paged(paged:PagedKV, st:_Step):
     i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=dev)
     slots = [v.slot for v in st.views]
     st.dec = [i for i, (p0, n) in enumerate(zip(st.pos0, st.lens)) if n == 1 and p0 and pool.length(sids[i]) == p0 + 1]
-    st.pre = [i for i in range(len(sids)) if i not in set(st.dec)]
+    dec = set(st.dec)
+    st.pre = [i for i in range(len(sids)) if i not in dec]
     if st.dec:
         st.dec_table = pool.page_table([sids[i] for i in st.dec])
         st.dec_rows = torch.tensor([st.offs[i] for i in st.dec], device=dev)

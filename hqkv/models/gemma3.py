@@ -6,7 +6,7 @@ Docs: https://hqkv.github.io/hqkv/models.gemma3.html.md"""
 
 # %% ../../nbs/40_models.gemma3.ipynb #da27e8de
 from __future__ import annotations
-import functools, math, struct
+import functools, itertools, math, struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -395,11 +395,9 @@ class Gemma3(nn.Module):
             x = x + rms_norm(h, L.post_ffn_norm, c.rms_eps)
         for s, n in zip(states, lens): s.pos += n
         if logits == 'none': return [None] * len(states)
-        ends = torch.tensor(lens, device=dev).cumsum(0)
-        if logits == 'last': sel = ends - 1
-        else:
-            keep = [n if logits == 'all' else min(logits, n) for n in lens]
-            sel = torch.cat([torch.arange(e - k, e, device=dev) for e, k in zip(ends.tolist(), keep)])
+        ends = list(itertools.accumulate(lens))   # row after each sequence's last token (host ints: no device sync)
+        keep = [1 if logits == 'last' else n if logits == 'all' else min(logits, n) for n in lens]
+        sel = torch.tensor([i for e, k in zip(ends, keep) for i in range(e - k, e)], device=dev)
         out = F.linear(rms_norm(x[sel], self.final_norm, c.rms_eps), self.embed).float()   # the tied LM head
         return list(out) if logits == 'last' else list(out.split(keep))
 
