@@ -63,16 +63,19 @@ class ExactWindow:
 
     def append(self, slot:int, # the sequence's slot
                k:Tensor, v:Tensor, # float [n, kv_heads, head_dim], original domain, positions lens[slot] .. lens[slot]+n-1
-               codec:Codec): # the pages' format (its domain is where the window lives)
-        "Add `n` new tokens of one sequence: rotate into the codec's domain, round to bf16, keep sinks and the latest `recent`."
+               codec:Codec, # the key pages' format (its domain is where the window's keys live)
+               v_codec:Codec|None=None): # the value pages' format, when it is not `codec`'s
+        "Add `n` new tokens of one sequence: rotate into the codecs' domains, round to bf16, keep sinks and the latest `recent`."
         S, R, H, D = self.sinks, self.recent, self.k_sink.shape[2], self.k_sink.shape[3]
         if not (isinstance(k, Tensor) and isinstance(v, Tensor)) or k.shape != v.shape or k.ndim != 3 or tuple(k.shape[1:]) != (H, D):
             raise ValueError(f"ExactWindow.append: k and v must be [n, {H}, {D}], got {tuple(getattr(k, 'shape', ()))} and {tuple(getattr(v, 'shape', ()))}")
-        if codec.head_dim != D: raise ValueError(f"ExactWindow.append: codec head_dim {codec.head_dim} != window head_dim {D}")
+        v_codec = codec if v_codec is None else v_codec
+        for c in (codec, v_codec):
+            if c.head_dim != D: raise ValueError(f"ExactWindow.append: codec head_dim {c.head_dim} != window head_dim {D}")
         if not isinstance(slot, int) or not 0 <= slot < self.lens.shape[0]: raise ValueError(f"ExactWindow.append: slot must be an int in [0, {self.lens.shape[0]}), got {slot!r}")
         start, n = int(self.lens[slot]), k.shape[0]
         pos = torch.arange(start, start + n, device=k.device)
-        kr, vr = codec.rotate(k.float()).to(torch.bfloat16), codec.rotate(v.float()).to(torch.bfloat16)
+        kr, vr = codec.rotate(k.float()).to(torch.bfloat16), v_codec.rotate(v.float()).to(torch.bfloat16)
         s = pos < S
         if s.any(): self.k_sink[slot, pos[s]], self.v_sink[slot, pos[s]] = kr[s], vr[s]
         keep = (pos >= S) & (pos >= start + n - R)   # only the last `recent` survive the ring

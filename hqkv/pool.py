@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Hashable
 import torch
 from torch import Tensor
-from .codec import codec_class, get_codec, Codec
-from .sizing import Geometry, Plan, get_geometry, plan, row_bytes
+from .codec import codec_class, get_codec, list_codecs, Codec
+from .sizing import Geometry, Plan, get_geometry, plan, row_bytes, key_formats_str
 
 # %% auto #0
 __all__ = ['POOL_LAYOUT_VERSION', 'PoolFull', 'Admission', 'PageAllocator', 'PageTable', 'KVPool']
@@ -323,8 +323,10 @@ class PageTable:
     seq_lens: Tensor       # int32 [B]: tokens per sequence
     page_size: int         # tokens per page
 
-def _pool_salt(g:Geometry, kv_format:str, page_tokens:int) -> bytes:
-    return f"hqkv-pool/layout-{POOL_LAYOUT_VERSION}/{g.name}:{g.attn_layers}x{g.kv_heads}x{g.head_dim}/{kv_format}/v{codec_class(kv_format).version}/{page_tokens}".encode()
+def _pool_salt(g:Geometry, kv_format:str, page_tokens:int, key_formats:tuple=()) -> bytes:
+    "What enters every prefix key: pages of another layout, format, codec version or per-layer key format never match."
+    kf = "".join(f"/k{l}:{f}:v{codec_class(f).version}" for l, f in key_formats)
+    return f"hqkv-pool/layout-{POOL_LAYOUT_VERSION}/{g.name}:{g.attn_layers}x{g.kv_heads}x{g.head_dim}/{kv_format}/v{codec_class(kv_format).version}/{page_tokens}{kf}".encode()
 
 # %% ../nbs/20_pool.ipynb #5c226271
 _METRICS = (  # name, kind, help, value
@@ -351,41 +353,74 @@ class _PoolCollector:
 
 # %% ../nbs/20_pool.ipynb #1ab79b56
 class KVPool:
-    "The paged KV store: uint8 pages in the codec's row layout, with a `PageAllocator` making every bookkeeping decision."
+    "The paged KV store: uint8 pages in the codecs' row layouts, with a `PageAllocator` making every bookkeeping decision."
     def __init__(self,
                  geometry:Geometry|str,   # model geometry, or a preset name from `hqkv.sizing.GEOMETRIES`
                  kv_format:str,           # a registered KV format, e.g. "hq-e8-2b" or "bf16"
                  budget,                  # bytes or tokens: anything `hqkv.sizing.parse_budget` takes ("3G", "900Ktok", 123456)
                  page_tokens:int=64,      # tokens per page
                  device=None,             # where the pages live (default CPU; "meta" for bookkeeping without memory)
-                 codec_opts:dict|None=None): # options for `get_codec` (e.g. {"allow": True} for tbq3)
+                 codec_opts:dict|None=None, # `get_codec` options: one dict for every format ({"allow": True} for a tbq3 pool) or {format: options}
+                 key_formats=None):       # keys of some attention layers in their own format: {model layer id: format} or '5=tbq3,11=tbq3'
         if not isinstance(kv_format, str): raise TypeError(f"kv_format must be a registered format name, got {type(kv_format).__name__}")
-        self.plan: Plan = plan(geometry, kv_format, budget, page_tokens)   # validates geometry, format, budget, page_tokens
+        self.plan: Plan = plan(geometry, kv_format, budget, page_tokens, key_formats=key_formats)   # validates everything it is given
         g = self.geometry = get_geometry(geometry)
         if self.plan.pages < 1:
             raise ValueError(f"budget {self.plan.budget} is smaller than one page: a page of {page_tokens} tokens of {g.name} "
                              f"in {kv_format} takes {self.plan.page_bytes:,} bytes ({self.plan.bytes_per_token:,} bytes a token)")
         self.kv_format, self.page_tokens, self.row_bytes = kv_format, page_tokens, row_bytes(kv_format, g.head_dim)
-        self.alloc = PageAllocator(self.plan.pages, page_tokens, _pool_salt(g, kv_format, page_tokens))
-        self.kv = torch.empty((g.attn_layers, 2, self.plan.pages, page_tokens, g.kv_heads, self.row_bytes),
-                              dtype=torch.uint8, device=device)
-        self._codec, self._registry, self.codec_opts = None, None, dict(codec_opts or {})
+        self.key_formats: dict = dict(self.plan.key_formats)   # {model layer id: format} of the keys not in kv_format
+        ids = g.attn_layer_ids or tuple(range(g.attn_layers))
+        self.formats: tuple = tuple((self.key_formats.get(l, kv_format), kv_format) for l in ids)   # per pool layer: (K format, V format)
+        self.alloc = PageAllocator(self.plan.pages, page_tokens, _pool_salt(g, kv_format, page_tokens, self.plan.key_formats))
+        slabs = {}                                             # format -> [(layer, 0 K / 1 V), ...]: one uint8 tensor per format
+        for li, pair in enumerate(self.formats):
+            for kind, f in enumerate(pair): slabs.setdefault(f, []).append((li, kind))
+        self.storage: dict[str, Tensor] = {f: torch.empty((len(ls), self.plan.pages, page_tokens, g.kv_heads, row_bytes(f, g.head_dim)),
+                                                          dtype=torch.uint8, device=device) for f, ls in slabs.items()}
+        self._slab = {lk: (f, i) for f, ls in slabs.items() for i, lk in enumerate(ls)}
+        self._codecs, self._registry = {}, None
+        self.codec_opts = dict(codec_opts or {})
 
     num_pages = property(lambda self: self.alloc.num_pages, doc="pages in the pool")
     page_bytes = property(lambda self: self.plan.page_bytes, doc="bytes of one page (all attention layers, K and V, all KV heads)")
-    device = property(lambda self: self.kv.device, doc="where the pages live")
+    device = property(lambda self: next(iter(self.storage.values())).device, doc="where the pages live")
+    mixed = property(lambda self: len(self.storage) > 1, doc="True when some layers' keys are in another format than kv_format")
+    @property
+    def kv(self) -> Tensor:
+        "Every page of a one-format pool: uint8 [attn_layers, 2 (K, V), num_pages, page_tokens, kv_heads, row_bytes]."
+        if self.mixed: raise ValueError(f"a pool with per-layer key formats ({key_formats_str(self.plan.key_formats)}) has no single kv tensor: use k(layer), v(layer) or storage")
+        g = self.geometry
+        return self.storage[self.kv_format].view(g.attn_layers, 2, *self.storage[self.kv_format].shape[1:])
+
+    def codec_for(self, fmt:str) -> Codec:
+        "The pool's codec of format `fmt` (built on first use, with its `codec_opts`)."
+        if fmt not in self.storage: raise ValueError(f"format {fmt!r} is not stored in this pool ({', '.join(self.storage)})")
+        if fmt not in self._codecs:
+            o = self.codec_opts
+            opts = o.get(fmt, {}) if o and all(k in list_codecs() for k in o) else o
+            try: self._codecs[fmt] = get_codec(fmt, head_dim=self.geometry.head_dim, **opts)
+            except TypeError as e: raise ValueError(f"codec_opts {opts} do not apply to {fmt}: {e}; give options per format, e.g. {{'tbq3': {{'allow': True}}}}") from None
+        return self._codecs[fmt]
     @property
     def codec(self) -> Codec:
-        "The pool's codec (built on first use)."
-        if self._codec is None: self._codec = get_codec(self.kv_format, head_dim=self.geometry.head_dim, **self.codec_opts)
-        return self._codec
+        "The codec of `kv_format`: every value, and the keys of layers without a key format of their own."
+        return self.codec_for(self.kv_format)
+    def k_codec(self, layer:int) -> Codec:
+        "The codec of attention layer `layer`'s keys."
+        return self.codec_for(self.formats[self._layer(layer)][0])
+    def v_codec(self, layer:int) -> Codec:
+        "The codec of attention layer `layer`'s values."
+        return self.codec_for(self.formats[self._layer(layer)][1])
 
     def k(self, layer:int) -> Tensor:
-        "Key pages of attention layer `layer` (0-based among the pool's layers): uint8 [num_pages, page_tokens, kv_heads, row_bytes]."
-        return self.kv[self._layer(layer), 0]
+        "Key pages of attention layer `layer` (0-based among the pool's layers): uint8 [num_pages, page_tokens, kv_heads, row_bytes of its key format]."
+        f, i = self._slab[self._layer(layer), 0]
+        return self.storage[f][i]
     def v(self, layer:int) -> Tensor:
         "Value pages of attention layer `layer`: uint8 [num_pages, page_tokens, kv_heads, row_bytes]."
-        return self.kv[self._layer(layer), 1]
+        f, i = self._slab[self._layer(layer), 1]
+        return self.storage[f][i]
     def _layer(self, layer) -> int:
         n = self.geometry.attn_layers
         if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n:
@@ -420,14 +455,18 @@ class KVPool:
     def check_integrity(self) -> bool:
         "The allocator's invariants, plus the storage's shape."
         g, a = self.geometry, self.alloc
-        want = (g.attn_layers, 2, a.num_pages, a.page_tokens, g.kv_heads, self.row_bytes)
-        if tuple(self.kv.shape) != want or self.kv.dtype != torch.uint8:
-            raise AssertionError(f"pool integrity: storage is {self.kv.dtype} {tuple(self.kv.shape)}, expected uint8 {want}")
+        n = {f: sum(x == f for pair in self.formats for x in pair) for f in self.storage}
+        for f, t in self.storage.items():
+            want = (n[f], a.num_pages, a.page_tokens, g.kv_heads, row_bytes(f, g.head_dim))
+            if tuple(t.shape) != want or t.dtype != torch.uint8:
+                raise AssertionError(f"pool integrity: {f} storage is {t.dtype} {tuple(t.shape)}, expected uint8 {want}")
+        if sorted(self._slab) != sorted((l, k) for l in range(g.attn_layers) for k in (0, 1)): raise AssertionError("pool integrity: a layer's K or V has no storage")
         return a.check_integrity()
 
     def __repr__(self):
         a = self.alloc
-        return (f"KVPool({self.geometry.name}, {self.kv_format}, pages={a.num_pages} x {self.page_bytes:,} B, used={a.used_pages}, "
+        kf = f", key_formats={key_formats_str(self.plan.key_formats)}" if self.key_formats else ""
+        return (f"KVPool({self.geometry.name}, {self.kv_format}{kf}, pages={a.num_pages} x {self.page_bytes:,} B, used={a.used_pages}, "
                 f"retained={a.retained_pages}, reserved={a.reserved_pages}, sequences={len(a)}, device={self.device})")
 
     def write_slots(self, seq_id:Hashable, start_pos:int, n:int) -> Tensor:
@@ -439,35 +478,35 @@ class KVPool:
               seq_id:Hashable,   # an admitted sequence
               layer:int,         # attention layer (0-based among the pool's layers)
               start_pos:int,     # position of the first row
-              k_rows:Tensor,     # uint8 [n, kv_heads, row_bytes]: coded keys
+              k_rows:Tensor,     # uint8 [n, kv_heads, row_bytes of the layer's key format]: coded keys
               v_rows:Tensor):    # uint8 [n, kv_heads, row_bytes]: coded values
         "Write coded K/V rows of positions [start_pos, start_pos+n); raises (writing nothing) on a shared or sealed page."
-        layer, want = self._layer(layer), (self.geometry.kv_heads, self.row_bytes)
-        for name, t in (("k_rows", k_rows), ("v_rows", v_rows)):
+        layer, H = self._layer(layer), self.geometry.kv_heads
+        kp, vp = self.k(layer), self.v(layer)
+        for name, t, pages in (("k_rows", k_rows, kp), ("v_rows", v_rows, vp)):
+            want = (H, pages.shape[-1])
             if not isinstance(t, Tensor) or t.dtype != torch.uint8 or t.ndim != 3 or tuple(t.shape[1:]) != want:
                 raise ValueError(f"{name} must be uint8 [n, {want[0]}, {want[1]}], got {getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
             if t.device != self.device: raise ValueError(f"{name} is on {t.device}, the pool on {self.device}")
         n = k_rows.shape[0]
         if v_rows.shape[0] != n: raise ValueError(f"k_rows has {n} rows, v_rows {v_rows.shape[0]}")
         idx = self.write_slots(seq_id, start_pos, n)
-        flat = (self.geometry.attn_layers, 2, self.num_pages * self.page_tokens) + want
-        kv = self.kv.view(flat)
-        kv[layer, 0].index_copy_(0, idx, k_rows); kv[layer, 1].index_copy_(0, idx, v_rows)
+        kp.view(-1, H, kp.shape[-1]).index_copy_(0, idx, k_rows); vp.view(-1, H, vp.shape[-1]).index_copy_(0, idx, v_rows)
 
     def write_kv(self, seq_id:Hashable, layer:int, start_pos:int,
                  k:Tensor,   # float [n, kv_heads, head_dim]: keys, original domain
                  v:Tensor):  # float [n, kv_heads, head_dim]: values
-        "Code K/V with the pool's codec and `write` them."
+        "Code K/V with the layer's codecs and `write` them."
         self.alloc.check_writable(seq_id, start_pos, k.shape[0] if isinstance(k, Tensor) and k.ndim else 0)
-        self.write(seq_id, layer, start_pos, self.codec.encode(k), self.codec.encode(v))
+        self.write(seq_id, layer, start_pos, self.k_codec(layer).encode(k), self.v_codec(layer).encode(v))
 
     def read(self, seq_id:Hashable, layer:int, start_pos:int=0, n:int|None=None) -> tuple[Tensor, Tensor]:
-        "Coded K and V rows (uint8 [n, kv_heads, row_bytes] each) of positions [start_pos, start_pos+n) (default: to the end)."
-        layer = self._layer(layer)
+        "Coded K and V rows (uint8 [n, kv_heads, row_bytes] each, in the layer's K and V formats) of positions [start_pos, start_pos+n) (default: to the end)."
+        layer, H = self._layer(layer), self.geometry.kv_heads
         if n is None: n = self.alloc.length(seq_id) - start_pos
         idx = torch.tensor(self.alloc.slots(seq_id, start_pos, n), dtype=torch.int64, device=self.device)
-        kv = self.kv.view(self.geometry.attn_layers, 2, self.num_pages * self.page_tokens, self.geometry.kv_heads, self.row_bytes)
-        return kv[layer, 0, idx], kv[layer, 1, idx]
+        kp, vp = self.k(layer), self.v(layer)
+        return kp.view(-1, H, kp.shape[-1])[idx], vp.view(-1, H, vp.shape[-1])[idx]
 
     def page_table(self, seq_ids, device=None) -> PageTable:
         "FlashInfer-style page table (indptr, indices, last_page_len, seq_lens) of the sequences `seq_ids`, in that order."

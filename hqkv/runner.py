@@ -21,8 +21,8 @@ __all__ = ['ATTN_BACKENDS', 'default_backend', 'SeqKV', 'PagedKV']
 ATTN_BACKENDS = ("gather", "ref", "triton")   # see the table above
 
 def default_backend(pool:KVPool) -> str:
-    "The attention backend `PagedKV` uses when none is named: Triton kernels on CUDA for the formats they read, else `gather`."
-    if pool.device.type == "cuda":
+    "The attention backend `PagedKV` uses when none is named: Triton kernels on CUDA for the one-format pools they read, else `gather`."
+    if pool.device.type == "cuda" and not pool.mixed:
         from hqkv.kernels import KERNEL_FORMATS
         if pool.kv_format in KERNEL_FORMATS: return "triton"
     return "gather"
@@ -65,11 +65,16 @@ class PagedKV:
             raise ValueError(f"layers must name the {g.attn_layers} distinct model layers of the pool's attention layers, got {layers}")
         attn = default_backend(pool) if attn is None else attn
         if attn not in ATTN_BACKENDS: raise ValueError(f"unknown attention backend {attn!r}; choose one of {', '.join(ATTN_BACKENDS)}")
+        if attn != "gather" and pool.mixed:
+            raise ValueError(f"attention backend {attn!r} reads pages of one format, but this pool keeps the keys of layers "
+                             f"{', '.join(map(str, pool.key_formats))} in {', '.join(sorted(set(pool.key_formats.values())))}: use attn='gather'")
         if attn == "triton":
             from hqkv.kernels import kernel_format
             kernel_format(pool.codec)   # a format the kernels do not read: ValueError naming those they do
         if key_profile is not None: key_profile.check_geometry(layers, g.kv_heads, g.head_dim); key_profile = key_profile.to(pool.device)
         self.pool, self.codec, self.attn, self.key_profile = pool, pool.codec, attn, key_profile
+        self.k_codecs = tuple(pool.k_codec(i) for i in range(g.attn_layers))   # per pool layer: its keys' codec ...
+        self.v_codecs = tuple(pool.v_codec(i) for i in range(g.attn_layers))   # ... and its values' (one and the same in a one-format pool)
         self.layers, self._li = layers, {l: i for i, l in enumerate(layers)}
         self.sinks, self.recent = window_sinks, window_recent
         self._capacity = max(1, slots)
@@ -246,15 +251,17 @@ def _write_rows(paged:PagedKV, li:int, k:Tensor, v:Tensor, slots:Tensor):
         from hqkv.kernels.store import store
         store(k.float().contiguous(), v.float().contiguous(), kp, vp, slots, paged.codec, check=False)
         return
-    H, R = kp.shape[2], kp.shape[3]
-    rows = paged.codec.encode(torch.cat([k, v]))
-    kp.view(-1, H, R).index_copy_(0, slots, rows[:len(k)]); vp.view(-1, H, R).index_copy_(0, slots, rows[len(k):])
+    kc, vc, H = paged.k_codecs[li], paged.v_codecs[li], kp.shape[2]
+    if kc is vc: rows = kc.encode(torch.cat([k, v])); kr, vr = rows[:len(k)], rows[len(k):]
+    else: kr, vr = kc.encode(k), vc.encode(v)
+    kp.view(-1, H, kp.shape[3]).index_copy_(0, slots, kr); vp.view(-1, H, vp.shape[3]).index_copy_(0, slots, vr)
 
 def _window_append(paged:PagedKV, st:_Step, li:int, idx, k:Tensor, v:Tensor):
     "Add the chunks of sequences `idx` to layer `li`'s exact window."
     if paged.windows is None: return
     w = paged.windows[li]
-    for i in idx: w.append(st.views[i].slot, k[st.offs[i]:st.offs[i + 1]], v[st.offs[i]:st.offs[i + 1]], paged.codec)
+    kc, vc = paged.k_codecs[li], paged.v_codecs[li]
+    for i in idx: w.append(st.views[i].slot, k[st.offs[i]:st.offs[i + 1]], v[st.offs[i]:st.offs[i + 1]], kc, vc)
 
 def _ring_rows(t:Tensor, slot:int, a:int, b:int, R:int):
     "Rows of positions [a, b) from a window ring (slot p % R), as one or two contiguous slices."
@@ -263,10 +270,10 @@ def _ring_rows(t:Tensor, slot:int, a:int, b:int, R:int):
 
 def _gather_layer(paged:PagedKV, st:_Step, li:int, q, k, v, scale):
     "CPU path, one sequence at a time (its K/V stay in cache): coded rows decoded, window rows copied, own rows exact, then attention."
-    c, w = paged.codec, (paged.windows[li] if paged.windows is not None else None)
+    kc, vc, w = paged.k_codecs[li], paged.v_codecs[li], (paged.windows[li] if paged.windows is not None else None)
     kp, vp = paged.pool.k(li), paged.pool.v(li)
-    H, R, D = kp.shape[2], kp.shape[3], c.head_dim
-    qr, kr, vr = c.rotate(q.float()), c.rotate(k.float()), c.rotate(v.float())
+    H, D = kp.shape[2], kc.head_dim
+    qr, kr, vr = kc.rotate(q.float()), kc.rotate(k.float()), vc.rotate(v.float())   # scores in the keys' domain, outputs in the values' domain
     out = torch.empty_like(qr)
     L = max(P + n for (P, *_), n in zip(st.spans, st.lens))
     Kb, Vb = qr.new_empty(L, H, D), qr.new_empty(L, H, D)          # reused by every sequence of the step
@@ -274,7 +281,8 @@ def _gather_layer(paged:PagedKV, st:_Step, li:int, q, k, v, scale):
         a, e = st.offs[i], st.offs[i + 1]
         K, V = Kb[:P + e - a], Vb[:P + e - a]
         if src is not None:   # index_select: a row gather ~10x faster than advanced indexing on CPU
-            K[s:r], V[s:r] = c.decode_rotated(kp.view(-1, H, R).index_select(0, src)), c.decode_rotated(vp.view(-1, H, R).index_select(0, src))
+            K[s:r] = kc.decode_rotated(kp.view(-1, H, kp.shape[3]).index_select(0, src))
+            V[s:r] = vc.decode_rotated(vp.view(-1, H, vp.shape[3]).index_select(0, src))
         if s: K[:s], V[:s] = w.k_sink[view.slot, :s], w.v_sink[view.slot, :s]
         if P > r:
             at = r
@@ -283,7 +291,7 @@ def _gather_layer(paged:PagedKV, st:_Step, li:int, q, k, v, scale):
         K[P:], V[P:] = kr[a:e], vr[a:e]
         out[a:e] = _gqa_attention(qr[a:e], K, V, P, scale)
     _window_append(paged, st, li, range(len(st.views)), k, v)
-    return c.unrotate(out)
+    return vc.unrotate(out)
 
 def _gqa_attention(q:Tensor, # float32 [n, Hq, D]: a chunk's queries at positions P..P+n-1
                    K:Tensor, V:Tensor, # float32 [P + n, Hkv, D]: every key/value the chunk sees

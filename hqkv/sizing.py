@@ -13,8 +13,8 @@ from .codec import codec_class, list_codecs
 
 # %% auto #0
 __all__ = ['WINDOW_BYTES_PER_VALUE', 'GEOMETRIES', 'BUDGET_FORMS', 'fmt_bytes', 'Geometry', 'gdn_state_bytes', 'get_geometry',
-           'Rate', 'format_name', 'row_bytes', 'kv_formats', 'bytes_per_token', 'Budget', 'parse_budget', 'Plan',
-           'lane_pages', 'plan', 'lanes_bytes']
+           'Rate', 'format_name', 'row_bytes', 'kv_formats', 'key_formats_of', 'key_formats_str', 'bytes_per_token',
+           'Budget', 'parse_budget', 'Plan', 'lane_pages', 'plan', 'lanes_bytes']
 
 # %% ../nbs/00_sizing.ipynb #705df110
 def fmt_bytes(n:int,              # a byte count
@@ -171,12 +171,51 @@ def kv_formats(head_dim:int|None=None) -> list[str]:
     if head_dim is not None: names = [n for n in names if head_dim in codec_class(n).head_dims]
     return sorted(names, key=lambda n: (-codec_class(n).row_bytes_for(head_dim or 256), n))
 
+def _attn_ids(g:Geometry) -> tuple:
+    "Model layer ids of the attention layers (0..attn_layers-1 when the preset does not name them)."
+    return tuple(g.attn_layer_ids) or tuple(range(g.attn_layers))
+
+_KEY_FORMATS_FORM = "'LAYER=FORMAT[,LAYER=FORMAT...]' with model layer ids, e.g. '5=tbq3,11=tbq3'"
+
+def key_formats_of(geometry,           # a `Geometry` or a preset name
+                   spec,               # {layer: format}, 'LAYER=FORMAT,...', pairs, or None/'' for none
+                   kv_format=None,     # the pool's format: entries equal to it are dropped
+                  ) -> tuple:
+    "Per-layer key formats as sorted (model layer id, format) pairs: the keys of those attention layers are stored in their own format."
+    g = get_geometry(geometry)
+    if spec is None or (isinstance(spec, (str, dict, tuple, list)) and not spec): return ()
+    if isinstance(spec, str):
+        items = []
+        for part in spec.split(","):
+            m = re.fullmatch(r"\s*L?(\d+)\s*[=:]\s*([A-Za-z0-9_.-]+)\s*", part)
+            if not m: raise ValueError(f"cannot read key formats {spec!r}: expected {_KEY_FORMATS_FORM}")
+            items.append((int(m.group(1)), m.group(2)))
+    elif isinstance(spec, dict): items = list(spec.items())
+    elif isinstance(spec, (tuple, list)) and all(isinstance(x, (tuple, list)) and len(x) == 2 for x in spec): items = [tuple(x) for x in spec]
+    else: raise TypeError(f"key formats must be a dict {{layer: format}}, pairs or a string {_KEY_FORMATS_FORM}; got {spec!r}")
+    ids, out = _attn_ids(g), {}
+    for layer, fmt in items:
+        if isinstance(layer, bool) or not isinstance(layer, int) or layer not in ids:
+            raise ValueError(f"key format for layer {layer!r}: {g.name}'s attention layers (model layer ids) are {list(ids)}")
+        if not isinstance(fmt, str): raise TypeError(f"key format of layer {layer} must be a format name, got {fmt!r}")
+        if layer in out: raise ValueError(f"layer {layer} is given two key formats ({out[layer]}, {fmt})")
+        row_bytes(fmt, g.head_dim)   # an unknown format, or one without this head_dim: ValueError
+        out[layer] = fmt
+    return tuple(sorted((l, f) for l, f in out.items() if f != kv_format))
+
+def key_formats_str(pairs:tuple) -> str:
+    "How plan lines and names show per-layer key formats: '5:tbq3,11:tbq3' ('' for none)."
+    return ",".join(f"{l}:{f}" for l, f in pairs)
+
 def bytes_per_token(geometry:Geometry, # a `Geometry` or a preset name
                     fmt,               # a registered format name or a `Rate`
+                    key_formats=None,  # per-layer key formats (`key_formats_of`): those layers' keys in their own format
                    ) -> int:
-    "KV bytes one token adds to the pool: 2 x attention layers x KV heads x row bytes."
+    "KV bytes one token adds to the pool: 2 x attention layers x KV heads x row bytes (each layer's keys in its own format if given)."
     g = get_geometry(geometry)
-    return 2 * g.attn_layers * g.kv_heads * row_bytes(fmt, g.head_dim)
+    base, kf = row_bytes(fmt, g.head_dim), dict(key_formats_of(g, key_formats, fmt))
+    return g.kv_heads * sum(base + (row_bytes(kf[l], g.head_dim) if l in kf else base) for l in _attn_ids(g))
+
 
 # %% ../nbs/00_sizing.ipynb #bbb755ea
 @dataclass(slots=True, frozen=True)
@@ -230,7 +269,7 @@ class Plan:
     model: str               # geometry name
     kv_format: str           # format name
     budget: Budget           # as asked
-    bits_per_value: float    # row bytes x 8 / head dim
+    bits_per_value: float    # bytes per token x 8 / values per token (row bytes x 8 / head dim for one format)
     bytes_per_token: int     # KV bytes a token adds to the pool
     page_tokens: int         # tokens per page
     page_bytes: int          # bytes per page
@@ -242,15 +281,18 @@ class Plan:
     lanes: int|None = None       # lanes of `context` that fit, counting each lane's fixed state
     pool_lanes: int|None = None  # lanes of `context` that fit in the pool's pages (state not counted)
     lane_bytes: int|None = None  # one lane: its pages plus its fixed state
+    key_formats: tuple = ()      # (model layer id, format) pairs whose keys are not in kv_format
 
     def line(self) -> str:
         "The engine's load-time log line for this pool."
-        return (f"hqkv.runtime.vram_plan kv_format={self.kv_format} page_bytes={self.page_bytes} "
+        kf = f" key_formats={key_formats_str(self.key_formats)}" if self.key_formats else ""
+        return (f"hqkv.runtime.vram_plan kv_format={self.kv_format}{kf} page_bytes={self.page_bytes} "
                 f"kv_pool_pages={self.pages} kv_pool_tokens={self.tokens} kv_pool_bytes={self.bytes}")
     def as_dict(self) -> dict:
         "Plain JSON-ready fields, plus the vram_plan line."
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["budget"] = {"amount": self.budget.amount, "unit": self.budget.unit}
+        d["key_formats"] = {str(l): f for l, f in self.key_formats}
         d["vram_plan"] = self.line()
         return d
 
@@ -265,11 +307,13 @@ def plan(geometry,                # a `Geometry` or a preset name
          page_tokens:int=64,      # tokens per page
          context:int|None=None,   # tokens per lane: also say how many lanes fit
          exact_tokens:int=0,      # tokens per sequence also kept exact (bf16) in every attention layer
+         key_formats=None,        # per-layer key formats (`key_formats_of`), e.g. '5=tbq3,11=tbq3'
         ) -> Plan:
     "Pages, tokens and bytes `budget` buys in `kv_format`, and how many lanes of `context` tokens fit."
     g, b = get_geometry(geometry), parse_budget(budget)
     _check_int("page_tokens", page_tokens, 1); _check_int("exact_tokens", exact_tokens, 0)
-    bpt = bytes_per_token(g, kv_format)
+    kf = key_formats_of(g, key_formats, kv_format)
+    bpt = bytes_per_token(g, kv_format, kf)
     page_bytes = page_tokens * bpt
     pages = b.amount // page_bytes if b.unit == "bytes" else -(-b.amount // page_tokens)
     budget_bytes = b.amount if b.unit == "bytes" else pages * page_bytes
@@ -279,8 +323,8 @@ def plan(geometry,                # a `Geometry` or a preset name
         lp = lane_pages(context, page_tokens)
         lane_bytes = lp * page_bytes + state
         lanes, pool_lanes = budget_bytes // lane_bytes, pages // lp
-    return Plan(g.name, format_name(kv_format), b, row_bytes(kv_format, g.head_dim) * 8 / g.head_dim, bpt, page_tokens, page_bytes,
-                pages, pages * page_tokens, pages * page_bytes, state, context, lanes, pool_lanes, lane_bytes)
+    return Plan(g.name, format_name(kv_format), b, bpt * 8 / g.values_per_token, bpt, page_tokens, page_bytes,
+                pages, pages * page_tokens, pages * page_bytes, state, context, lanes, pool_lanes, lane_bytes, kf)
 
 def lanes_bytes(geometry,              # a `Geometry` or a preset name
                 kv_format,             # a registered format name or a `Rate`
@@ -289,9 +333,10 @@ def lanes_bytes(geometry,              # a `Geometry` or a preset name
                 page_tokens:int=64,    # tokens per page
                 with_state:bool=False, # add each lane's fixed state
                 exact_tokens:int=0,    # exact bf16 tokens per sequence (counted with the state)
+                key_formats=None,      # per-layer key formats (`key_formats_of`)
                ) -> int:
     "Bytes `lanes` sequences of `context` tokens need: their pages (and, `with_state`, their fixed state)."
     g = get_geometry(geometry); _check_int("lanes", lanes, 0); _check_int("exact_tokens", exact_tokens, 0)
-    kv = lanes * lane_pages(context, page_tokens) * page_tokens * bytes_per_token(g, kv_format)
+    kv = lanes * lane_pages(context, page_tokens) * page_tokens * bytes_per_token(g, kv_format, key_formats)
     state = g.state_bytes + exact_tokens * bytes_per_token(g, Rate(2, name="bf16"))
     return kv + (lanes * state if with_state else 0)
