@@ -87,6 +87,7 @@ def _plan_setup(p:argparse.ArgumentParser):
     p.add_argument("--lanes", type=_positive_int, default=8, help="lanes whose need to show (default: 8)")
     p.add_argument("--page-tokens", type=_positive_int, default=64, help="tokens per page (default: 64)")
     p.add_argument("--exact-tokens", type=int, default=0, help="tokens per sequence also kept exact in bf16 (e.g. 544 = 32 sinks + 512 recent; default: 0)")
+    p.add_argument("--key-formats", default=None, help="some layers' keys in their own format, e.g. '5=tbq3,11=tbq3' (model layer ids; default: none)")
 
 def plan_report(model:str="qwen3.5-27b", # geometry preset
                 formats:str="all",       # a format, a comma-separated list, or "all"
@@ -95,6 +96,7 @@ def plan_report(model:str="qwen3.5-27b", # geometry preset
                 lanes:int=8,             # lanes whose need is shown
                 page_tokens:int=64,      # tokens per page
                 exact_tokens:int=0,      # exact bf16 tokens per sequence
+                key_formats=None,        # per-layer key formats for every plan, e.g. '5=tbq3,11=tbq3'
                ) -> dict:
     "Everything `hqkv plan` prints, as JSON-ready data."
     g = get_geometry(model)
@@ -103,9 +105,9 @@ def plan_report(model:str="qwen3.5-27b", # geometry preset
     if not names: raise ValueError(f"no KV format given; use a name, a comma-separated list, or 'all' ({', '.join(kv_formats())})")
     plans = []
     for f in names:
-        d = plan(g, f, budget, page_tokens=page_tokens, context=context, exact_tokens=exact_tokens).as_dict()
-        d["need_bytes"] = lanes_bytes(g, f, lanes, context, page_tokens)
-        d["need_bytes_with_state"] = lanes_bytes(g, f, lanes, context, page_tokens, with_state=True, exact_tokens=exact_tokens)
+        d = plan(g, f, budget, page_tokens=page_tokens, context=context, exact_tokens=exact_tokens, key_formats=key_formats).as_dict()
+        d["need_bytes"] = lanes_bytes(g, f, lanes, context, page_tokens, key_formats=key_formats)
+        d["need_bytes_with_state"] = lanes_bytes(g, f, lanes, context, page_tokens, with_state=True, exact_tokens=exact_tokens, key_formats=key_formats)
         plans.append(d)
     geo = asdict(g); geo["attn_layer_ids"] = list(g.attn_layer_ids); geo["state_bytes"] = g.state_bytes
     return {"model": g.name, "geometry": geo, "budget": plans[0]["budget"], "page_tokens": page_tokens, "context": context,
@@ -122,7 +124,8 @@ def _plan_table(r:dict) -> str:
             ("pages", ">"), ("pool tokens", ">"), ("lanes (pool)" if state else "lanes", ">")] + ([("lanes (+state)", ">")] if state else [])
     rows = []
     for p in ps:
-        row = [p["kv_format"], f"{p['bits_per_value']:g}", f"{p['bytes_per_token']:,}", f"{ref / p['bytes_per_token']:.2f}x",
+        name = p["kv_format"] + "".join(f" k{l}:{f}" for l, f in p["key_formats"].items())
+        row = [name, f"{p['bits_per_value']:g}", f"{p['bytes_per_token']:,}", f"{ref / p['bytes_per_token']:.2f}x",
                f"{fmt_bytes(p['need_bytes'], decimal=True)} / {fmt_bytes(p['need_bytes'])}", f"{p['page_bytes']:,}",
                f"{p['pages']:,}", f"{p['tokens']:,}", f"{p['pool_lanes']:,}"] + ([f"{p['lanes']:,}"] if state else [])
         rows.append(row)
@@ -137,7 +140,7 @@ def _plan_table(r:dict) -> str:
     return "\n".join(out)
 
 def _plan_run(args) -> int:
-    r = plan_report(args.model, args.format, args.budget, args.context, args.lanes, args.page_tokens, args.exact_tokens)
+    r = plan_report(args.model, args.format, args.budget, args.context, args.lanes, args.page_tokens, args.exact_tokens, args.key_formats)
     print(json.dumps(r, indent=2) if args.json else _plan_table(r))
     return 0
 

@@ -6,7 +6,7 @@ Docs: https://hqkv.github.io/hqkv/engine.html.md"""
 
 # %% ../nbs/41_engine.ipynb #64f4b829
 from __future__ import annotations
-import argparse, collections, dataclasses, itertools, json, logging, math, os, sys, time
+import argparse, collections, dataclasses, itertools, json, logging, math, os, re, sys, time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
@@ -31,6 +31,7 @@ CONFIG_KEYS = {  # EngineConfig field -> (config-file table, key); the environme
     "max_context": ("engine", "max_context"), "prefill_chunk": ("engine", "prefill_chunk"), "max_batch": ("engine", "max_batch"),
     "device": ("engine", "device"), "dtype": ("engine", "dtype"), "attn": ("engine", "attn"),
     "window_sinks": ("kv", "window_sinks"), "window_recent": ("kv", "window_recent"), "key_profile": ("kv", "key_profile"),
+    "key_formats": ("kv", "key_formats"),
 }
 def env_name(f:str) -> str:
     "The environment variable of EngineConfig field `f`."
@@ -57,6 +58,7 @@ class EngineConfig:
     dtype: str = "float32"             # engine.dtype: model weights and activations
     attn: str|None = None              # engine.attn: attention backend (`hqkv.runner.ATTN_BACKENDS`); None picks one per device
     key_profile: str = "auto"          # kv.key_profile: 'auto' (the shipped profile, rotated formats), 'off', or a profile file
+    key_formats: str = ""              # kv.key_formats: some layers' keys in their own format, 'LAYER=FORMAT,...' (model layer ids), e.g. '5=tbq3,11=tbq3'
     sources: dict = field(default_factory=dict, compare=False, repr=False)  # field -> where its value came from
 
     def __post_init__(self):
@@ -72,6 +74,12 @@ class EngineConfig:
         if not isinstance(self.key_profile, (str, Path)): raise TypeError(f"key_profile must be 'auto', 'off' or a path, got {self.key_profile!r}")
         if str(self.key_profile) not in ("auto", "off") and not Path(self.key_profile).is_file():
             raise ValueError(f"kv.key_profile: no key profile file at {self.key_profile} (use 'auto', 'off', or a file from `hqkv calibrate`)")
+        if isinstance(self.key_formats, Mapping): self.key_formats = ",".join(f"{l}={f}" for l, f in self.key_formats.items())   # a TOML table
+        if not isinstance(self.key_formats, str): raise TypeError(f"key_formats must be a string like '5=tbq3,11=tbq3', got {self.key_formats!r}")
+        for part in filter(None, (s.strip() for s in self.key_formats.split(","))):   # layer ids are checked against the model when the pool is built
+            m = re.fullmatch(r"L?\d+\s*[=:]\s*([A-Za-z0-9_.-]+)", part)
+            if not m: raise ValueError(f"kv.key_formats={self.key_formats!r}: cannot read {part!r}; expected 'LAYER=FORMAT[,LAYER=FORMAT...]', e.g. '5=tbq3,11=tbq3'")
+            codec_class(m.group(1))                       # unknown format: ValueError listing the supported ones
         if self.attn is not None and self.attn not in ATTN_BACKENDS:
             raise ValueError(f"unknown attention backend {self.attn!r}; choose one of {', '.join(ATTN_BACKENDS)}")
 
@@ -233,7 +241,8 @@ class Engine:
         if want.type != have.type or want.index not in (None, have.index) or cfg.torch_dtype != self.model.dtype:   # 'cuda' is 'cuda:0'
             raise ValueError(f"the model is {self.model.dtype} on {self.model.embed.device}, the config asks for {cfg.dtype} on {cfg.device}: "
                              "load the model that way (or pass model=) and build a new Engine")
-        p = plan(self.geometry, cfg.kv_format, cfg.kv_pool_bytes, context=cfg.max_context, exact_tokens=cfg.window_sinks + cfg.window_recent)
+        p = plan(self.geometry, cfg.kv_format, cfg.kv_pool_bytes, context=cfg.max_context, exact_tokens=cfg.window_sinks + cfg.window_recent,
+                 key_formats=cfg.key_formats)   # a key format for a layer the model does not have: ValueError
         if p.tokens < cfg.max_context:
             need = -(-cfg.max_context // p.page_tokens)
             raise ValueError(f"vram.kv_pool_bytes={cfg.kv_pool_bytes!r} buys {p.pages} pages = {p.tokens:,} tokens in {cfg.kv_format}, less than one "
@@ -241,7 +250,9 @@ class Engine:
                              f"or lower engine.max_context")
         from hqkv.calibrate import key_profile_for, describe_key_profile
         prof = key_profile_for(str(cfg.key_profile), cfg.kv_format, self.model)   # a profile of another model: ValueError
-        pool = KVPool(self.geometry, cfg.kv_format, cfg.kv_pool_bytes, device=cfg.device)
+        # naming tbq3 in kv.key_formats is asking for it (as a whole-pool format it stays refused unless HQKV_ALLOW_TBQ3=1)
+        opts = {f: {"allow": True} for _, f in p.key_formats if f == "tbq3"}
+        pool = KVPool(self.geometry, cfg.kv_format, cfg.kv_pool_bytes, device=cfg.device, key_formats=p.key_formats, codec_opts=opts)
         paged = PagedKV(pool, window_sinks=cfg.window_sinks, window_recent=cfg.window_recent, attn=cfg.attn, slots=cfg.max_batch, key_profile=prof)
         self.config, self.pool, self.paged, self.plan, self.key_profile = cfg, pool, paged, p, describe_key_profile(prof)
         _log.info(self.plan_line())
@@ -413,14 +424,15 @@ class Engine:
 
     def __repr__(self):
         c = self.config
-        return (f"Engine({c.kv_format}, pool={self.pool.num_pages} pages, window={c.window_sinks}+{c.window_recent}, key_profile={self.key_profile}, "
+        kf = f", key_formats={c.key_formats}" if self.pool.key_formats else ""
+        return (f"Engine({c.kv_format}{kf}, pool={self.pool.num_pages} pages, window={c.window_sinks}+{c.window_recent}, key_profile={self.key_profile}, "
                 f"attn={self.paged.attn}, running={len(self.running)}, waiting={len(self.waiting)})")
 
 # %% ../nbs/41_engine.ipynb #25003d69
 def _engine_flags(a) -> dict:
     "Engine settings given on the command line (None: not given)."
     return dict(kv_format=getattr(a, "format", None), kv_pool_bytes=a.budget, max_context=a.context, prefill_chunk=a.prefill_chunk,
-                window_sinks=a.window_sinks, window_recent=a.window_recent, key_profile=a.key_profile, attn=a.attn, device=a.device)
+                window_sinks=a.window_sinks, window_recent=a.window_recent, key_profile=a.key_profile, key_formats=a.key_formats, attn=a.attn, device=a.device)
 
 def _engine_args(p:argparse.ArgumentParser, budget_help:str):
     p.add_argument("--budget", help=budget_help)
@@ -429,6 +441,7 @@ def _engine_args(p:argparse.ArgumentParser, budget_help:str):
     p.add_argument("--window-sinks", type=int, help="kv.window_sinks (default 32)")
     p.add_argument("--window-recent", type=int, help="kv.window_recent (default 512)")
     p.add_argument("--key-profile", help="kv.key_profile: 'auto' (default: the shipped profile for rotated formats), 'off', or a file")
+    p.add_argument("--key-formats", help="kv.key_formats: some layers' keys in their own format, e.g. '5=tbq3,11=tbq3' (model layer ids; default: none)")
     p.add_argument("--device", help="engine.device: where the model and the pool live ('cpu' default, 'cuda', 'cuda:1')")
     p.add_argument("--attn", help="engine.attn: attention backend (gather, ref, triton; default: picked per device)")
     p.add_argument("--config", help="a TOML config file ([model] [vram] [engine] [kv]; default: $HQKV_CONFIG)")

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 from .codec import list_codecs, codec_class
-from .sizing import get_geometry, bytes_per_token
+from .sizing import get_geometry, bytes_per_token, key_formats_of
 from .cli import register_command
 from .fixtures import kjv_from_bible
 
@@ -78,6 +78,8 @@ def text_windows(ids:list, # the text's token ids (no <bos>)
     return out
 
 # %% ../nbs/50_quality.ipynb #f404dd1e
+GEOMETRY = "gemma-3-270m"   # the `hqkv.sizing` geometry of the evaluated model
+
 @dataclass(slots=True, frozen=True)
 class KVVariant:
     "What a run changes against the bf16 oracle: the pages' format, the exact window, the key profile."
@@ -86,9 +88,11 @@ class KVVariant:
     key_profile: bool = False   # code keys as (k - mu) / sigma with a calibrated `hqkv.calibrate.KeyProfile`
     sinks: int = 32             # kv.window_sinks
     recent: int = 512           # kv.window_recent
+    key_formats: tuple = ()     # (model layer id, format) pairs: those layers' keys in their own format (`KVPool(key_formats=)`)
     def __post_init__(self):
         if not isinstance(self.kv_format, str) or self.kv_format not in list_codecs():
             raise ValueError(f"unknown KV format {self.kv_format!r}; supported formats: {', '.join(n for n in list_codecs() if not n.startswith('_'))}")
+        object.__setattr__(self, "key_formats", key_formats_of(GEOMETRY, self.key_formats, self.kv_format))   # checked, sorted, own format dropped
         for n in ("window", "key_profile"):
             if not isinstance(getattr(self, n), bool): raise TypeError(f"KVVariant.{n} must be a bool, got {getattr(self, n)!r}")
         for n in ("sinks", "recent"):
@@ -97,28 +101,29 @@ class KVVariant:
         if self.window and not (self.sinks or self.recent): raise ValueError("KVVariant: window=True needs sinks or recent > 0")
     @property
     def name(self)->str:
-        "e.g. 'hq-e8-2b+profile+window'; a window other than 32 + 512 is spelled out ('+window:16:256')."
+        "e.g. 'hq-e8-2b+profile+window'; a window other than 32 + 512 is spelled out ('+window:16:256'); per-layer key formats as '+k5:tbq3'."
         w = "" if not self.window else "+window" if (self.sinks, self.recent) == (32, 512) else f"+window:{self.sinks}:{self.recent}"
-        return self.kv_format + ("+profile" if self.key_profile else "") + w
+        return self.kv_format + ("+profile" if self.key_profile else "") + w + "".join(f"+k{l}:{f}" for l, f in self.key_formats)
     @classmethod
     def parse(cls, spec:str)->KVVariant:
-        "Read a `name`: 'FORMAT[+profile][+window[:SINKS:RECENT]]'."
-        if not isinstance(spec, str) or not spec: raise ValueError(f"a variant is 'FORMAT[+profile][+window]', got {spec!r}")
+        "Read a `name`: 'FORMAT[+profile][+window[:SINKS:RECENT]][+kLAYER:FORMAT ...]'."
+        form = "'FORMAT[+profile][+window[:SINKS:RECENT]][+kLAYER:FORMAT ...]'"
+        if not isinstance(spec, str) or not spec: raise ValueError(f"a variant is {form}, got {spec!r}")
         fmt, *opts = spec.split("+")
-        kw = {}
+        kw, keys = {}, []
         for o in opts:
             m = re.fullmatch(r"window(?::(\d+):(\d+))?", o)
+            mk = re.fullmatch(r"k(\d+):([A-Za-z0-9_.-]+)", o)
             if o == "profile" and "key_profile" not in kw: kw["key_profile"] = True
             elif m and "window" not in kw:
                 kw["window"] = True
                 if m.group(1): kw["sinks"], kw["recent"] = int(m.group(1)), int(m.group(2))
-            else: raise ValueError(f"bad option {o!r} in variant {spec!r}: use 'FORMAT[+profile][+window[:SINKS:RECENT]]'")
-        return cls(fmt, **kw)
+            elif mk: keys.append((int(mk.group(1)), mk.group(2)))
+            else: raise ValueError(f"bad option {o!r} in variant {spec!r}: use {form}")
+        return cls(fmt, **kw, key_formats=tuple(keys))
     def __str__(self): return self.name
 
 # %% ../nbs/50_quality.ipynb #605a0553
-GEOMETRY = "gemma-3-270m"   # the `hqkv.sizing` geometry of the evaluated model
-
 def codec_opts(fmt:str)->dict:
     "`get_codec` options for evaluating `fmt`: naming tbq3 in an evaluation is asking for it (allow=True)."
     return {"allow": True} if fmt == "tbq3" else {}
@@ -146,7 +151,8 @@ def kv_state(model, # a `Gemma3`
     g = get_geometry(GEOMETRY)
     if tuple(g.attn_layer_ids) != tuple(model.cfg.global_layers): raise ValueError(f"the model's global layers {model.cfg.global_layers} are not {g.name}'s {g.attn_layer_ids}")
     if variant.key_profile and profile is None: raise ValueError(f"{variant.name} needs a key profile")
-    pool = KVPool(g, variant.kv_format, f"{len(ids)}tok", codec_opts=codec_opts(variant.kv_format))
+    fmts = {variant.kv_format, *(f for _, f in variant.key_formats)}
+    pool = KVPool(g, variant.kv_format, f"{len(ids)}tok", codec_opts={f: codec_opts(f) for f in fmts}, key_formats=variant.key_formats)
     S, R = (variant.sinks, variant.recent) if variant.window else (0, 0)
     kv = PagedKV(pool, window_sinks=S, window_recent=R, key_profile=profile if variant.key_profile else None).admit(0, ids, 0)
     return model.new_state(kv=kv)
@@ -356,7 +362,9 @@ def run_niah(model, # a `Gemma3`
                 if log: log(f"niah {n} depth {d} key {key}: " + ", ".join(f"{r['variant']} {'ok' if r['retrieved'] else 'MISS'} {r['margin']:+.2f}" for r in out[-len(vs):]))
     return out
 
-def _fmt_of(name:str)->str: return "bf16" if name == ORACLE else KVVariant.parse(name).kv_format
+def _fmt_of(name:str)->tuple: # (format, per-layer key formats)
+    if name == ORACLE: return "bf16", ()
+    v = KVVariant.parse(name); return v.kv_format, v.key_formats
 
 def summarize(kld:list, # `run_kld` records
               niah:list=(), # `run_niah` records
@@ -365,9 +373,11 @@ def summarize(kld:list, # `run_kld` records
     g, rows = get_geometry(GEOMETRY), {}
     for r in list(kld) + list(niah): rows.setdefault(r["variant"], {})
     for name, row in rows.items():
-        f = _fmt_of(name)
-        row.update(variant=name, kv_format=f, bits_per_value=codec_class(f).row_bytes_for(g.head_dim) * 8 / g.head_dim,
-                   bytes_per_token=bytes_per_token(g, f), kld={}, kld_worst={}, top1={}, dnll={}, windows={})
+        f, kf = _fmt_of(name)
+        bpt = bytes_per_token(g, f, kf)
+        row.update(variant=name, kv_format=f, bits_per_value=bpt * 8 / g.values_per_token,
+                   bytes_per_token=bpt, kld={}, kld_worst={}, top1={}, dnll={}, windows={})
+        if kf: row["key_formats"] = {str(l): x for l, x in kf}
         for n in sorted({r["context"] for r in kld if r["variant"] == name}):
             rs = [r for r in kld if r["variant"] == name and r["context"] == n]
             mean = lambda k: sum(r[k] for r in rs) / len(rs)
