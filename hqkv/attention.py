@@ -95,14 +95,22 @@ class ExactWindow:
         return sink | rec, k, v
 
 # %% ../nbs/30_attention.ref.ipynb #6f26897d
+def _pair(codec) -> tuple[Codec, Codec]:
+    "(key codec, value codec) from one codec (both) or a pair (pages whose keys are in another format than their values)."
+    kc, vc = codec if isinstance(codec, tuple) and len(codec) == 2 else (codec, codec)
+    for c in (kc, vc):
+        if not isinstance(c, Codec): raise TypeError(f"codec must be a hqkv Codec or a (key codec, value codec) pair, got {type(c).__name__}")
+    if kc.head_dim != vc.head_dim: raise ValueError(f"key codec head_dim {kc.head_dim} != value codec head_dim {vc.head_dim}")
+    return kc, vc
+
 def _check_pages(k_pages, v_pages, codec):
-    if not isinstance(codec, Codec): raise TypeError(f"codec must be a hqkv Codec, got {type(codec).__name__}")
-    for n, t in (("k_pages", k_pages), ("v_pages", v_pages)):
+    kc, vc = _pair(codec)
+    for n, t, c in (("k_pages", k_pages, kc), ("v_pages", v_pages, vc)):
         if not isinstance(t, Tensor) or t.dtype != torch.uint8 or t.ndim != 4:
             raise TypeError(f"{n} must be a uint8 tensor [num_pages, page_size, kv_heads, row_bytes], got {getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
-        if t.shape[-1] != codec.row_bytes:
-            raise ValueError(f"{n}: row_bytes {t.shape[-1]} does not match {codec.name} at head_dim {codec.head_dim} (row_bytes {codec.row_bytes})")
-    if k_pages.shape != v_pages.shape: raise ValueError(f"k_pages {tuple(k_pages.shape)} and v_pages {tuple(v_pages.shape)} differ")
+        if t.shape[-1] != c.row_bytes:
+            raise ValueError(f"{n}: row_bytes {t.shape[-1]} does not match {c.name} at head_dim {c.head_dim} (row_bytes {c.row_bytes})")
+    if k_pages.shape[:3] != v_pages.shape[:3]: raise ValueError(f"k_pages {tuple(k_pages.shape)} and v_pages {tuple(v_pages.shape)} differ")
     return k_pages.shape[0], k_pages.shape[1], k_pages.shape[2]
 
 def _check_int(name, t, shape0=None):
@@ -164,11 +172,11 @@ class _Softmax:
 # %% ../nbs/30_attention.ref.ipynb #ba16e878
 def _page_blocks(k_pages, v_pages, pages, n_tokens, codec, window, slot):
     "Yield (positions, k, v) per page of one sequence: decoded rows (codec domain), exact window rows where held."
-    P = k_pages.shape[1]
+    P, (kc, vc) = k_pages.shape[1], _pair(codec)
     for j, pid in enumerate(pages):
         n = min(P, n_tokens - j * P)
         if n <= 0: break
-        k = codec.decode_rotated(k_pages[pid, :n]); v = codec.decode_rotated(v_pages[pid, :n])
+        k = kc.decode_rotated(k_pages[pid, :n]); v = vc.decode_rotated(v_pages[pid, :n])
         pos = torch.arange(j * P, j * P + n, device=k.device)
         if window is not None:
             held, kw, vw = window.lookup(slot, pos)
@@ -183,7 +191,7 @@ def paged_decode(q:Tensor, # float [B, Hq, D], original domain; Hq a multiple of
                  indptr:Tensor, # int32 [B+1]: sequence b owns indices[indptr[b]:indptr[b+1]]
                  indices:Tensor, # int32 page ids
                  last_page_len:Tensor, # int32 [B], 1..page_size
-                 codec:Codec, # the pages' format
+                 codec:Codec, # the pages' format, or a (key codec, value codec) pair
                  scale:float|None=None, # softmax scale, default 1/sqrt(D)
                  window:ExactWindow|None=None, # exact sink/recent tokens used instead of their codes
                  window_slots:Tensor|None=None, # int32 [B]: each row's window slot (default 0..B-1)
@@ -191,7 +199,8 @@ def paged_decode(q:Tensor, # float [B, Hq, D], original domain; Hq a multiple of
                 ) -> Tensor|tuple[Tensor, Tensor]: # o [B, Hq, D] in q's dtype (and lse)
     "Paged decode attention over coded pages: block by block, rotated domain, FP32 online softmax."
     num_pages, P, Hkv = _check_pages(k_pages, v_pages, codec)
-    D = codec.head_dim
+    kc, vc = _pair(codec)
+    D = kc.head_dim
     G = _check_q(q, Hkv, D)
     B = q.shape[0]
     ip, idx = _check_table(indptr, indices, B, num_pages)
@@ -201,14 +210,14 @@ def paged_decode(q:Tensor, # float [B, Hq, D], original domain; Hq a multiple of
     lens = [(ip[b + 1] - ip[b] - 1) * P + lpl[b] for b in range(B)]
     slots = _check_window(window, window_slots, lens, Hkv, D, "sequence length")
     scale = 1 / math.sqrt(D) if scale is None else float(scale)
-    qr = codec.rotate(q.float()) * scale                      # rotate the query once
+    qr = kc.rotate(q.float()) * scale                         # rotate the query once (into the keys' domain)
     out = torch.empty(B, Hkv, G, D, device=q.device); lse = torch.empty(B, Hkv, G, device=q.device)
     for b in range(B):
         sm = _Softmax(qr[b].reshape(Hkv, G, D))
         for _, k, v in _page_blocks(k_pages, v_pages, idx[ip[b]:ip[b + 1]], lens[b], codec, window, None if slots is None else slots[b]):
             sm.update(k, v)
         out[b], lse[b] = sm.finish()
-    o = codec.unrotate(out.reshape(B, Hkv * G, D)).to(q.dtype)  # rotate the output back once
+    o = vc.unrotate(out.reshape(B, Hkv * G, D)).to(q.dtype)     # rotate the output back once (from the values' domain)
     return (o, lse.reshape(B, Hkv * G)) if return_lse else o
 
 # %% ../nbs/30_attention.ref.ipynb #4d078347
@@ -244,9 +253,10 @@ def dense_kv(k_pages:Tensor, v_pages:Tensor, indptr:Tensor, indices:Tensor,
     "Materialise what attention sees for one sequence (decoded pages, window rows where held): for tests only."
     pages = indices[indptr[b]:indptr[b + 1]].tolist()
     blocks = list(_page_blocks(k_pages, v_pages, pages, n_tokens, codec, window, b if slot is None else slot))
-    if not blocks: z = torch.zeros(0, k_pages.shape[2], codec.head_dim); return z, z
+    kc, vc = _pair(codec)
+    if not blocks: z = torch.zeros(0, k_pages.shape[2], kc.head_dim); return z, z
     k = torch.cat([k for _, k, _ in blocks]); v = torch.cat([v for _, _, v in blocks])
-    return codec.unrotate(k), codec.unrotate(v)
+    return kc.unrotate(k), vc.unrotate(v)
 
 def sdpa_decode(q:Tensor, ks:list[Tensor], vs:list[Tensor], scale:float|None=None) -> Tensor:
     "Dense SDPA oracle: q [B, Hq, D] against per-sequence K/V lists ([L, kv_heads, D]); float32 out."
@@ -263,7 +273,8 @@ def paged_prefill(q:Tensor, # float [T, Hq, D]: the chunks' queries, sequence b'
                   k_pages:Tensor, v_pages:Tensor, # uint8 [num_pages, page_size, kv_heads, row_bytes]
                   indptr:Tensor, indices:Tensor, # int32 page table (covers at least each prefix)
                   prefix_lens:Tensor, # int32 [B]: tokens before each chunk (0 for a first chunk)
-                  codec:Codec, scale:float|None=None,
+                  codec:Codec, # the pages' format, or a (key codec, value codec) pair
+                  scale:float|None=None,
                   window:ExactWindow|None=None, # exact sink/recent tokens of the prefix
                   window_slots:Tensor|None=None, # int32 [B]
                   block:int=64, # chunk keys per block
@@ -271,7 +282,8 @@ def paged_prefill(q:Tensor, # float [T, Hq, D]: the chunks' queries, sequence b'
                  ) -> Tensor|tuple[Tensor, Tensor]: # o [T, Hq, D] in q's dtype (and lse float32 [T, Hq])
     "Chunked-prefill attention: queries vs coded prefix pages + their own exact K/V, causal, FP32 online softmax."
     num_pages, P, Hkv = _check_pages(k_pages, v_pages, codec)
-    D = codec.head_dim
+    kc, vc = _pair(codec)
+    D = kc.head_dim
     G = _check_q(q, Hkv, D)
     _check_q(k_new, Hkv, D, "k_new"); _check_q(v_new, Hkv, D, "v_new")
     T = q.shape[0]
@@ -284,8 +296,8 @@ def paged_prefill(q:Tensor, # float [T, Hq, D]: the chunks' queries, sequence b'
     if any(x < 0 or x > (ip[b + 1] - ip[b]) * P for b, x in enumerate(pl)): raise ValueError(f"prefix_lens {pl} must be >= 0 and fit in each sequence's pages")
     slots = _check_window(window, window_slots, pl, Hkv, D, "prefix length")
     scale = 1 / math.sqrt(D) if scale is None else float(scale)
-    qr = codec.rotate(q.float()) * scale
-    kr, vr = codec.rotate(k_new.float()), codec.rotate(v_new.float())
+    qr = kc.rotate(q.float()) * scale
+    kr, vr = kc.rotate(k_new.float()), vc.rotate(v_new.float())
     out = torch.empty(T, Hkv, G, D, device=q.device); lse = torch.empty(T, Hkv, G, device=q.device)
     for b in range(B):
         a, e = qo[b], qo[b + 1]; C = e - a
@@ -300,5 +312,5 @@ def paged_prefill(q:Tensor, # float [T, Hq, D]: the chunks' queries, sequence b'
             sm.update(kr[a + j:a + j + len(kpos)], vr[a + j:a + j + len(kpos)], kpos[None, :] <= qpos[:, None])
         o_b, l_b = sm.finish()
         out[a:e] = o_b.reshape(Hkv, G, C, D).permute(2, 0, 1, 3); lse[a:e] = l_b.reshape(Hkv, G, C).permute(2, 0, 1)
-    o = codec.unrotate(out.reshape(T, Hkv * G, D)).to(q.dtype)
+    o = vc.unrotate(out.reshape(T, Hkv * G, D)).to(q.dtype)
     return (o, lse.reshape(T, Hkv * G)) if return_lse else o

@@ -65,9 +65,9 @@ class PagedKV:
             raise ValueError(f"layers must name the {g.attn_layers} distinct model layers of the pool's attention layers, got {layers}")
         attn = default_backend(pool) if attn is None else attn
         if attn not in ATTN_BACKENDS: raise ValueError(f"unknown attention backend {attn!r}; choose one of {', '.join(ATTN_BACKENDS)}")
-        if attn != "gather" and pool.mixed:
-            raise ValueError(f"attention backend {attn!r} reads pages of one format, but this pool keeps the keys of layers "
-                             f"{', '.join(map(str, pool.key_formats))} in {', '.join(sorted(set(pool.key_formats.values())))}: use attn='gather'")
+        if attn == "triton" and pool.mixed:
+            raise ValueError(f"the Triton kernels read pages of one format, but this pool keeps the keys of layers "
+                             f"{', '.join(map(str, pool.key_formats))} in {', '.join(sorted(set(pool.key_formats.values())))}: use attn='gather' or 'ref'")
         if attn == "triton":
             from hqkv.kernels import kernel_format
             kernel_format(pool.codec)   # a format the kernels do not read: ValueError naming those they do
@@ -308,7 +308,8 @@ def _gqa_attention(q:Tensor, # float32 [n, Hq, D]: a chunk's queries at position
 def _paged_layer(paged:PagedKV, st:_Step, li:int, q, k, v, scale):
     "Reference / Triton path: every decode row in one paged-decode call, every prefill chunk in one paged-prefill call."
     w = paged.windows[li] if paged.windows is not None else None
-    kp, vp, c = paged.pool.k(li), paged.pool.v(li), paged.codec
+    kp, vp, kc, vc = paged.pool.k(li), paged.pool.v(li), paged.k_codecs[li], paged.v_codecs[li]
+    c = kc if kc is vc else (kc, vc)                    # the reference reads a (key, value) codec pair; Triton refuses mixed pools
     if paged.attn == "triton":
         from hqkv.kernels.decode import decode as decode_fn
         from hqkv.kernels.prefill import prefill as prefill_fn
