@@ -13,6 +13,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DYNAMIC_LAYER_TYPE_
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from .codec import Codec, get_codec
+from .sizing import parse_key_formats
 from .attention import ExactWindow, paged_prefill
 
 # %% auto #0
@@ -25,19 +26,23 @@ ATTN_NAME = "hqkv"        # the name of our attention function in transformers' 
 
 class SeqKV:
     "Coded K/V of one sequence in one layer: 64-token pages of codec rows plus the exact window."
-    def __init__(self, codec:Codec, # the layer's format
+    def __init__(self, codec:Codec, # the layer's format (its values, and its keys unless `k_codec`)
                  kv_heads:int, # KV heads of the layer
                  sinks:int=32, recent:int=512, # exact window: first `sinks` and latest `recent` tokens
-                 device=None):
-        self.codec, self.kv_heads, self.n = codec, kv_heads, 0
-        self.k_pages = torch.empty(0, PAGE_TOKENS, kv_heads, codec.row_bytes, dtype=torch.uint8, device=device)
-        self.v_pages = torch.empty_like(self.k_pages)
+                 device=None,
+                 k_codec:Codec|None=None): # the keys' format, when it is not `codec`
+        self.codec, self.k_codec, self.kv_heads, self.n = codec, codec if k_codec is None else k_codec, kv_heads, 0
+        if self.k_codec.head_dim != codec.head_dim: raise ValueError(f"SeqKV: key codec head_dim {self.k_codec.head_dim} != value codec head_dim {codec.head_dim}")
+        self.k_pages = torch.empty(0, PAGE_TOKENS, kv_heads, self.k_codec.row_bytes, dtype=torch.uint8, device=device)
+        self.v_pages = torch.empty(0, PAGE_TOKENS, kv_heads, codec.row_bytes, dtype=torch.uint8, device=device)
         self.window = ExactWindow.allocate(1, kv_heads, codec.head_dim, sinks, recent, device=device)
 
     @property
     def pages(self)->int: return -(-self.n // PAGE_TOKENS)   # pages in use
 
-    def _rows(self, t:Tensor)->Tensor: return t.view(-1, self.kv_heads, self.codec.row_bytes)
+    def _rows(self, t:Tensor)->Tensor: return t.view(-1, self.kv_heads, t.shape[-1])
+    @property
+    def _codecs(self): return self.codec if self.k_codec is self.codec else (self.k_codec, self.codec)
 
     def _reserve(self, n:int):
         need, cap = -(-n // PAGE_TOKENS), self.k_pages.shape[0]
@@ -51,19 +56,19 @@ class SeqKV:
         if k.ndim != 3 or k.shape != v.shape or tuple(k.shape[1:]) != (self.kv_heads, self.codec.head_dim):
             raise ValueError(f"SeqKV.append: k and v must be [T, {self.kv_heads}, {self.codec.head_dim}], got {tuple(k.shape)} and {tuple(v.shape)}")
         T = k.shape[0]
-        rk, rv = self.codec.encode(k), self.codec.encode(v)   # first: a refused input (NaN, Inf) leaves nothing half-written
+        rk, rv = self.k_codec.encode(k), self.codec.encode(v)   # first: a refused input (NaN, Inf) leaves nothing half-written
         self._reserve(self.n + T)
         self._rows(self.k_pages)[self.n:self.n + T], self._rows(self.v_pages)[self.n:self.n + T] = rk, rv
-        self.window.append(0, k, v, self.codec)
+        self.window.append(0, k, v, self.k_codec, self.codec)
         self.n += T
 
     def decoded(self)->tuple[Tensor, Tensor]: # float32 [n, kv_heads, D] K and V, original domain
         "What attention sees of the stored tokens: decoded rows, exact window rows where held."
-        k = self.codec.decode_rotated(self._rows(self.k_pages)[:self.n])
+        k = self.k_codec.decode_rotated(self._rows(self.k_pages)[:self.n])
         v = self.codec.decode_rotated(self._rows(self.v_pages)[:self.n])
         held, kw, vw = self.window.lookup(0, torch.arange(self.n, device=k.device))
         h = held[:, None, None]
-        return self.codec.unrotate(torch.where(h, kw, k)), self.codec.unrotate(torch.where(h, vw, v))
+        return self.k_codec.unrotate(torch.where(h, kw, k)), self.codec.unrotate(torch.where(h, vw, v))
 
     def attend(self, q:Tensor, # [C, Hq, D]: a chunk's queries (original domain)
                k:Tensor, v:Tensor, # [C, kv_heads, D]: the chunk's own exact K/V
@@ -72,13 +77,13 @@ class SeqKV:
         i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=q.device)
         P = self.pages
         return paged_prefill(q, k, v, i32([0, q.shape[0]]), self.k_pages, self.v_pages, i32([0, P]),
-                             torch.arange(P, dtype=torch.int32, device=q.device), i32([self.n]), self.codec,
+                             torch.arange(P, dtype=torch.int32, device=q.device), i32([self.n]), self._codecs,
                              scale=scale, window=self.window, window_slots=i32([0]))
 
     def clone(self)->SeqKV:
         "An independent copy (beam search duplicates sequences)."
         c = SeqKV.__new__(SeqKV)
-        c.codec, c.kv_heads, c.n = self.codec, self.kv_heads, self.n
+        c.codec, c.k_codec, c.kv_heads, c.n = self.codec, self.k_codec, self.kv_heads, self.n
         c.k_pages, c.v_pages, w = self.k_pages.clone(), self.v_pages.clone(), self.window
         c.window = ExactWindow(w.k_sink.clone(), w.v_sink.clone(), w.k_recent.clone(), w.v_recent.clone(), w.lens.clone())
         return c
@@ -90,7 +95,7 @@ class SeqKV:
     @property
     def used_nbytes(self)->int:
         "Bytes of the pages in use (the pool's accounting) plus the window."
-        return 2 * self.pages * PAGE_TOKENS * self.kv_heads * self.codec.row_bytes + self.window.nbytes
+        return self.pages * PAGE_TOKENS * self.kv_heads * (self.k_codec.row_bytes + self.codec.row_bytes) + self.window.nbytes
 
 # %% ../nbs/70_hf.ipynb #7578f74d
 def _attn_impl(config)->str|None: return getattr(config, "_attn_implementation", None)
@@ -103,9 +108,11 @@ class HQKVLayer(CacheLayerMixin):
                  config, # the model's (text) config: its `_attn_implementation` picks the path
                  window_sinks:int=32, window_recent:int=512,
                  key_profile=None, # optional `hqkv.calibrate.KeyProfile`: keys stored as (k - mu) / sigma
-                 slot:int=0): # this layer's index among the profile's layers
+                 slot:int=0, # this layer's index among the profile's layers
+                 k_codec:Codec|None=None): # the keys' format, when it is not `codec`
         super().__init__()
         self.codec, self.config, self.sinks, self.recent = codec, config, window_sinks, window_recent
+        self.k_codec = codec if k_codec is None else k_codec
         self.profile, self.slot = key_profile, slot
         self.seqs, self.cumulative_length, self.path, self._pending, self._valid = [], 0, None, None, None
 
@@ -114,7 +121,7 @@ class HQKVLayer(CacheLayerMixin):
         if D != self.codec.head_dim:
             raise ValueError(f"HQKVLayer: keys have head_dim {D}, but the {self.codec.name} codec was built for head_dim {self.codec.head_dim}")
         self.device, self.dtype, self.kv_heads = key_states.device, key_states.dtype, H
-        self.seqs = [SeqKV(self.codec, H, self.sinks, self.recent, self.device) for _ in range(B)]
+        self.seqs = [SeqKV(self.codec, H, self.sinks, self.recent, self.device, self.k_codec) for _ in range(B)]
         self.path = "paged" if _attn_impl(self.config) == ATTN_NAME else "decoded"
         self._valid = torch.zeros(B, 0, dtype=torch.bool, device=self.device)
         if self.profile is not None: self.profile = self.profile.to(self.device)   # once, not per call
@@ -210,7 +217,9 @@ class HQKVLayer(CacheLayerMixin):
         if self.is_initialized: self._select(torch.as_tensor(indices).reshape(-1).tolist())
     @property
     def nbytes(self)->int: return sum(s.nbytes for s in self.seqs)
-    def __repr__(self): return f"HQKVLayer({self.codec.name}, window={self.sinks}+{self.recent}, path={self.path})"
+    def __repr__(self):
+        keys = f", keys {self.k_codec.name}" if self.k_codec is not self.codec else ""
+        return f"HQKVLayer({self.codec.name}{keys}, window={self.sinks}+{self.recent}, path={self.path})"
 
 # %% ../nbs/70_hf.ipynb #9a30ff13
 def hqkv_attention(module, # the attention module (transformers passes it first)
@@ -250,7 +259,8 @@ class HQKVCache(Cache):
                  kv_format:str="hq-e8-2b", # any registered format (`hqkv.codec.list_codecs()`)
                  window_sinks:int=32, window_recent:int=512, # kv.window_sinks, kv.window_recent: kept exact (bf16)
                  key_profile=None, # an `hqkv.calibrate.KeyProfile` for these full-attention layers (default: none)
-                 **codec_opts): # passed to `get_codec`, e.g. allow=True for tbq3
+                 key_formats=None, # some full-attention layers' keys in their own format: {layer index: format} or '5=tbq3,11=tbq3'
+                 **codec_opts): # passed to `get_codec` for kv_format, e.g. allow=True for tbq3 (a format named in key_formats is asked for)
         cfg = model.config if isinstance(model, PreTrainedModel) else model
         if not isinstance(cfg, PretrainedConfig):
             raise TypeError(f"HQKVCache expects a transformers model or config, got {type(model).__name__}")
@@ -267,16 +277,18 @@ class HQKVCache(Cache):
         try: codec = get_codec(kv_format, head_dim=D, **codec_opts)
         except ValueError as e: raise ValueError(f"HQKVCache: cannot store this model's K/V (head_dim {D}) as {kv_format!r}: {e}") from e
         full = tuple(i for i, t in enumerate(types) if t == "full_attention")
+        kf = dict(parse_key_formats(key_formats, full, D, kv_format, "this model"))   # a layer that is not full attention: ValueError
+        k_codecs = {l: get_codec(f, head_dim=D, **({"allow": True} if f == "tbq3" else {})) for l, f in kf.items()}
         if key_profile is not None:
             if not all(callable(getattr(key_profile, m, None)) for m in ("apply_keys", "restore_keys", "apply_query", "check_geometry")):
                 raise TypeError(f"HQKVCache: key_profile must be an hqkv.calibrate.KeyProfile, got {type(key_profile).__name__}")
             key_profile.check_geometry(full, getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads, D)
         slot = {l: j for j, l in enumerate(full)}
-        layers = [HQKVLayer(codec, cfg, window_sinks, window_recent, key_profile, slot[i]) if t == "full_attention"
+        layers = [HQKVLayer(codec, cfg, window_sinks, window_recent, key_profile, slot[i], k_codecs.get(i)) if t == "full_attention"
                   else DYNAMIC_LAYER_TYPE_MAPPING[t](**kw) for i, (t, kw) in enumerate(zip(types, layer_kwargs))]
         super().__init__(layers=layers)
         self.codec, self.config, self.window_sinks, self.window_recent = codec, cfg, window_sinks, window_recent
-        self.key_profile, self._hqkv_idx = key_profile, full
+        self.key_profile, self._hqkv_idx, self.key_formats = key_profile, full, kf
 
     def update(self, key_states:Tensor, value_states:Tensor, layer_idx:int, *args, **kwargs)->tuple[Tensor, Tensor]:
         "Check that no coded layer is left inconsistent, then let layer `layer_idx` update."
@@ -296,7 +308,8 @@ class HQKVCache(Cache):
     @property
     def nbytes(self)->int: return cache_nbytes(self)
     def __repr__(self):
-        return (f"HQKVCache({self.codec.name}, {len(self.hqkv_layers)} of {len(self.layers)} layers coded, "
+        kf = "".join(f", layer {l} keys {f}" for l, f in self.key_formats.items())
+        return (f"HQKVCache({self.codec.name}{kf}, {len(self.hqkv_layers)} of {len(self.layers)} layers coded, "
                 f"window {self.window_sinks}+{self.window_recent}, key profile {'on' if self.key_profile is not None else 'off'}, "
                 f"seq_len={self.get_seq_length(self.hqkv_layers[0])})")
 
@@ -315,7 +328,7 @@ def _held_bytes(obj, seen:set)->int:
     if isinstance(obj, dict): return sum(_held_bytes(o, seen) for o in obj.values())
     if isinstance(obj, ExactWindow): return sum(_held_bytes(getattr(obj, f), seen) for f in obj.__slots__)
     if isinstance(obj, (SeqKV, CacheLayerMixin)) or type(obj).__module__ == Cache.__module__:   # any transformers layer kind
-        return sum(_held_bytes(v, seen) for k, v in vars(obj).items() if k not in ("config", "codec"))
+        return sum(_held_bytes(v, seen) for k, v in vars(obj).items() if k not in ("config", "codec", "k_codec"))
     return 0
 
 def cache_nbytes(cache:Cache, # any transformers cache

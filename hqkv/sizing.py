@@ -13,8 +13,8 @@ from .codec import codec_class, list_codecs
 
 # %% auto #0
 __all__ = ['WINDOW_BYTES_PER_VALUE', 'GEOMETRIES', 'BUDGET_FORMS', 'fmt_bytes', 'Geometry', 'gdn_state_bytes', 'get_geometry',
-           'Rate', 'format_name', 'row_bytes', 'kv_formats', 'key_formats_of', 'key_formats_str', 'bytes_per_token',
-           'Budget', 'parse_budget', 'Plan', 'lane_pages', 'plan', 'lanes_bytes']
+           'Rate', 'format_name', 'row_bytes', 'kv_formats', 'parse_key_formats', 'key_formats_of', 'key_formats_str',
+           'bytes_per_token', 'Budget', 'parse_budget', 'Plan', 'lane_pages', 'plan', 'lanes_bytes']
 
 # %% ../nbs/00_sizing.ipynb #705df110
 def fmt_bytes(n:int,              # a byte count
@@ -177,12 +177,13 @@ def _attn_ids(g:Geometry) -> tuple:
 
 _KEY_FORMATS_FORM = "'LAYER=FORMAT[,LAYER=FORMAT...]' with model layer ids, e.g. '5=tbq3,11=tbq3'"
 
-def key_formats_of(geometry,           # a `Geometry` or a preset name
-                   spec,               # {layer: format}, 'LAYER=FORMAT,...', pairs, or None/'' for none
-                   kv_format=None,     # the pool's format: entries equal to it are dropped
-                  ) -> tuple:
-    "Per-layer key formats as sorted (model layer id, format) pairs: the keys of those attention layers are stored in their own format."
-    g = get_geometry(geometry)
+def parse_key_formats(spec,             # {layer: format}, 'LAYER=FORMAT,...', pairs, or None/'' for none
+                      layer_ids:tuple,  # model layer ids that may carry a key format (the attention layers)
+                      head_dim:int,     # every format must support it
+                      kv_format=None,   # the cache's own format: entries equal to it are dropped
+                      owner:str="the model", # how messages name the model
+                     ) -> tuple:
+    "Checked per-layer key formats as sorted (model layer id, format) pairs."
     if spec is None or (isinstance(spec, (str, dict, tuple, list)) and not spec): return ()
     if isinstance(spec, str):
         items = []
@@ -193,15 +194,23 @@ def key_formats_of(geometry,           # a `Geometry` or a preset name
     elif isinstance(spec, dict): items = list(spec.items())
     elif isinstance(spec, (tuple, list)) and all(isinstance(x, (tuple, list)) and len(x) == 2 for x in spec): items = [tuple(x) for x in spec]
     else: raise TypeError(f"key formats must be a dict {{layer: format}}, pairs or a string {_KEY_FORMATS_FORM}; got {spec!r}")
-    ids, out = _attn_ids(g), {}
+    ids, out = tuple(layer_ids), {}
     for layer, fmt in items:
         if isinstance(layer, bool) or not isinstance(layer, int) or layer not in ids:
-            raise ValueError(f"key format for layer {layer!r}: {g.name}'s attention layers (model layer ids) are {list(ids)}")
+            raise ValueError(f"key format for layer {layer!r}: {owner}'s attention layers (model layer ids) are {list(ids)}")
         if not isinstance(fmt, str): raise TypeError(f"key format of layer {layer} must be a format name, got {fmt!r}")
         if layer in out: raise ValueError(f"layer {layer} is given two key formats ({out[layer]}, {fmt})")
-        row_bytes(fmt, g.head_dim)   # an unknown format, or one without this head_dim: ValueError
+        row_bytes(fmt, head_dim)   # an unknown format, or one without this head_dim: ValueError
         out[layer] = fmt
     return tuple(sorted((l, f) for l, f in out.items() if f != kv_format))
+
+def key_formats_of(geometry,           # a `Geometry` or a preset name
+                   spec,               # {layer: format}, 'LAYER=FORMAT,...', pairs, or None/'' for none
+                   kv_format=None,     # the pool's format: entries equal to it are dropped
+                  ) -> tuple:
+    "Per-layer key formats as sorted (model layer id, format) pairs: the keys of those attention layers are stored in their own format."
+    g = get_geometry(geometry)
+    return parse_key_formats(spec, _attn_ids(g), g.head_dim, kv_format, g.name)
 
 def key_formats_str(pairs:tuple) -> str:
     "How plan lines and names show per-layer key formats: '5:tbq3,11:tbq3' ('' for none)."
