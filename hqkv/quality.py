@@ -438,6 +438,7 @@ def _eval_setup(p:argparse.ArgumentParser):
     p.add_argument("--window-sinks", type=int, default=32, help="first tokens kept exact (kv.window_sinks; default 32)")
     p.add_argument("--window-recent", type=int, default=512, help="latest tokens kept exact (kv.window_recent; default 512; 0 0 turns the window off)")
     p.add_argument("--key-profile", default="auto", help="auto (shipped profile for rotated formats), off, or a profile file (default: auto)")
+    p.add_argument("--key-formats", default=None, help="some layers' keys in their own format, e.g. '5=tbq3,11=tbq3' (kv.key_formats; default: none)")
     p.add_argument("--chunk", type=int, default=1024, help="prefill chunk (default 1024)")
     p.add_argument("--windows", type=int, default=1, help="kld: windows per context, spread over the text (default 1)")
     p.add_argument("--score-last", type=int, default=1024, help="kld: positions scored at the end of each window (default 1024)")
@@ -450,6 +451,7 @@ def eval_variants(formats:str, # comma-separated format names
                   sinks:int, recent:int, # the exact window (0, 0: none)
                   key_profile, # 'auto', 'off' or a profile path
                   model, # the `Gemma3` (its identity is checked against the profile)
+                  key_formats=None, # per-layer key formats for every variant (kv.key_formats), e.g. '5=tbq3,11=tbq3'
                  )->tuple: # ([KVVariant], KeyProfile | None)
     "The variants `hqkv eval` measures, with the engine's rules for the window and the key profile."
     from hqkv.calibrate import resolve_key_profile, model_identity
@@ -462,7 +464,7 @@ def eval_variants(formats:str, # comma-separated format names
         KVVariant(f)                                                  # an unknown format fails here, listing the supported ones
         p = resolve_key_profile(key_profile, f, ident)
         if p is not None: prof = p
-        vs.append(KVVariant(f, window=bool(sinks or recent), key_profile=p is not None, sinks=sinks, recent=recent))
+        vs.append(KVVariant(f, window=bool(sinks or recent), key_profile=p is not None, sinks=sinks, recent=recent, key_formats=key_formats or ()))
     return _variants(vs), prof
 
 def _eval_run(args)->int:
@@ -475,7 +477,7 @@ def _eval_run(args)->int:
     model = load_gemma3()
     room = model.cfg.max_position - (6 if args.task == "niah" else 0)   # niah: the prompt is followed by 6 teacher-forced answer tokens
     if max(contexts) > room: raise ValueError(f"--context {max(contexts)} exceeds the model's context of {model.cfg.max_position}" + (" minus the 6 answer tokens" if args.task == "niah" else ""))
-    vs, prof = eval_variants(args.format, args.window_sinks, args.window_recent, args.key_profile, model)
+    vs, prof = eval_variants(args.format, args.window_sinks, args.window_recent, args.key_profile, model, args.key_formats)
     ids = model.tokenizer.encode(text, add_bos=False)
     meta = dict(task=args.task, model=GEOMETRY, text=name or str(args.text_file), text_tokens=len(ids), contexts=contexts, chunk=args.chunk,
                 key_profile=None if prof is None else prof.tag, threads=torch.get_num_threads())
