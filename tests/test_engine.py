@@ -22,16 +22,29 @@ def test_generate_json_settings_from_flag_env_and_file(tmp_path):
     assert len(j["tokens"]) == 3 and j["finish_reason"] == "length" and j["text"]
     assert j["config"] == {"model.kv_format": "bf16", "vram.kv_pool_bytes": "2Ktok", "engine.max_context": 256, "engine.prefill_chunk": 1024,
                            "engine.max_batch": 8, "engine.device": "cpu", "engine.dtype": "float32", "engine.attn": None,
-                           "kv.window_sinks": 8, "kv.window_recent": 64, "kv.key_profile": "auto"}
+                           "kv.window_sinks": 8, "kv.window_recent": 64, "kv.key_profile": "auto", "kv.key_formats": ""}
     assert j["sources"]["model.kv_format"] == "flag" and j["sources"]["vram.kv_pool_bytes"] == "env HQKV_VRAM_KV_POOL_BYTES"
     assert j["sources"]["engine.max_context"].startswith("file ") and j["sources"]["engine.prefill_chunk"] == "default"
     assert j["key_profile"] == "off"  # bf16 is not a rotated format
     assert j["plan"]["vram_plan"] == "hqkv.runtime.vram_plan kv_format=bf16 page_bytes=196608 kv_pool_pages=32 kv_pool_tokens=2048 kv_pool_bytes=6291456"
     assert j["decode_tokens_per_s"] > 0 and j["metrics"]["hqkv_kv_pool_used_pages"] == 0
 
+def test_generate_key_formats_from_config_file(tmp_path):
+    "kv.key_formats from a TOML table: the keys of layers 5 and 11 in tbq3, priced in the plan line, on the gather path."
+    cfg = tmp_path / "hqkv.toml"
+    cfg.write_text('[kv]\nkey_formats = {5 = "tbq3", 11 = "tbq3"}\n')
+    r = hqkv("generate", "In the beginning God created", "--max-tokens", "2", "--budget", "2Ktok", "--context", "256", "--json",
+             env={"HQKV_CONFIG": str(cfg)})
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["config"]["kv.key_formats"] == "5=tbq3,11=tbq3" and j["sources"]["kv.key_formats"].startswith("file ")
+    assert j["plan"]["bytes_per_token"] == 488 and j["plan"]["key_formats"] == {"5": "tbq3", "11": "tbq3"}
+    assert j["plan"]["vram_plan"].startswith("hqkv.runtime.vram_plan kv_format=hq-e8-2b key_formats=5:tbq3,11:tbq3 ") and len(j["tokens"]) == 2
+
 @pytest.mark.parametrize("args, msg", [
     (["generate", "", "--format", "bf16", "--budget", "1Ktok", "--context", "256"], "empty prompt"),
     (["generate", "hi", "--format", "tbq5", "--budget", "1Ktok", "--context", "256"], "unknown KV format 'tbq5'"),
+    (["generate", "hi", "--key-formats", "4=tbq3", "--budget", "1Ktok", "--context", "256"], "attention layers (model layer ids) are [5, 11, 17]"),
 ])
 def test_generate_errors(args, msg):
     r = hqkv(*args)
