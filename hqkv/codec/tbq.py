@@ -106,7 +106,7 @@ class TBQCodec(Codec):
         if self.scale_mode not in ("mse", "norm"): raise ValueError(f"{self.name}: scale_mode must be 'mse' or 'norm', got {self.scale_mode!r}")
         self.n_blocks = head_dim // BLOCK
         self.rht = RandomHadamard(BLOCK, seed=self.rht_seed)
-        self._tables = {}
+        self._tables, self._luts = {}, {}
 
     @classmethod
     def block_bytes(cls)->int:
@@ -157,11 +157,28 @@ class TBQCodec(Codec):
             raise ValueError(f"{self.name}.encode: a 128-value block has norm {bad:.4g}, beyond the fp16 range of its stored scale ({_F16_MAX:g})")
         return torch.cat((s16.view(torch.uint8), pack_indices(idx, self.bits)), dim=-1).reshape(n, self.row_bytes)
 
+    def _lut(self, device)->Tensor:
+        "Centroids of every packed key: float32 [2**kb, kb/bits], kb = 8 (a byte: 2 or 4 indices) or 12 (half a tbq3 group: 4 indices)."
+        if device not in self._luts:
+            kb = 12 if self.bits == 3 else 8
+            keys = torch.arange(2 ** kb, dtype=torch.int64)[:, None]
+            idx = (keys >> (torch.arange(kb // self.bits) * self.bits)) & ((1 << self.bits) - 1)
+            self._luts[device] = self._table(device)[0][idx.to(device)].contiguous()
+        return self._luts[device]
+
     def _decode_rotated(self, rows:Tensor)->Tensor:
-        n, (cents, _) = rows.shape[0], self._table(rows.device)
+        "One table row per byte (tbq4, tbq2) or per 12 bits (tbq3) instead of one gather per index: the same values."
+        n, lut = rows.shape[0], self._lut(rows.device)
         r = rows.reshape(n, self.n_blocks, self.block_bytes())
         scale = r[..., :2].contiguous().view(torch.float16).to(torch.float32)   # [n, blocks, 1]
-        return (cents[unpack_indices(r[..., 2:], self.bits)] * scale).reshape(n, self.head_dim)
+        p = r[..., 2:]
+        if self.bits == 3:                                                      # 3-byte groups = two 12-bit keys of 4 indices
+            b = p.reshape(n, self.n_blocks, -1, 3).to(torch.int32)
+            w = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16)
+            keys = torch.stack((w & 0xFFF, w >> 12), -1)
+        else: keys = p
+        vals = lut.index_select(0, keys.reshape(-1).long()).view(n, self.n_blocks, BLOCK)
+        return (vals * scale).reshape(n, self.head_dim)
 
 # %% ../../nbs/12_codec.tbq.ipynb #b2b2ae07
 @register_codec
