@@ -521,14 +521,15 @@ def demo_report(prompt:str|None=None, # text (default: the KJV excerpt cut to `p
     "Greedy generation of one prompt in two KV formats on the same byte budget: plans, texts, rates, first difference."
     if len(formats) != 2: raise ValueError(f"demo compares two formats, got {list(formats)}")
     cfg = config or EngineConfig(**DEMO_DEFAULTS)
-    eng = Engine(dataclasses.replace(cfg, kv_format=formats[0]))
+    own = lambda f: dict(kv_format=f, key_formats="" if f == "bf16" else cfg.key_formats)   # kv.key_formats never touches the bf16 oracle
+    eng = Engine(dataclasses.replace(cfg, **own(formats[0])))
     if prompt is None:
         _int("prompt_tokens", prompt_tokens, 1)
         ids = eng.tokenizer.encode(load_text("kjv"))[:prompt_tokens]
     else: ids = eng.encode(prompt)
     runs = {}
     for i, f in enumerate(formats):
-        if i: eng.reconfigure(kv_format=f)
+        if i: eng.reconfigure(**own(f))
         r = eng.generate(ids, max_new_tokens=max_tokens, stop=set())
         runs[f] = dict(text=r.text, tokens=r.output_ids, plan=eng.plan.as_dict(), key_profile=eng.key_profile, vram_plan=eng.plan_line(), **_rates(r))
     a, b = (runs[f]["tokens"] for f in formats)
@@ -536,7 +537,7 @@ def demo_report(prompt:str|None=None, # text (default: the KJV excerpt cut to `p
     piece = lambda t: repr(eng.tokenizer.decode(t[d:d + 1])) if d < len(t) else "(end)"
     return dict(prompt_tokens=len(ids), prompt_tail=eng.tokenizer.decode(ids[-24:]), formats=list(formats), runs=runs, first_difference=d,
                 first_difference_pieces=None if d is None else [piece(a), piece(b)],
-                config=dataclasses.replace(eng.config, kv_format=formats[0]).as_dict())
+                config=dataclasses.replace(eng.config, **own(formats[0])).as_dict())
 
 def _demo_text(r:dict) -> str:
     f0, f1 = r["formats"]
