@@ -544,10 +544,12 @@ def _demo_text(r:dict) -> str:
     p0, p1 = (r["runs"][f]["plan"] for f in (f0, f1))
     out = [f"hqkv demo: Gemma 3 270M, {r['prompt_tokens']:,} prompt tokens, {len(r['runs'][f0]['tokens'])} new tokens (greedy), "
            f"budget {p0['budget']['amount']:,} {p0['budget']['unit']}, window {r['config']['kv.window_sinks']}+{r['config']['kv.window_recent']} exact tokens", ""]
-    out.append(f"{'format':<10} {'bits':>5} {'B/token':>8} {'pool tokens':>12} {'x tokens':>9}  decode tok/s")
+    name = lambda f, p: f + "".join(f" k{l}:{x}" for l, x in p["key_formats"].items())   # per-layer key formats, if any
+    W = max(10, len(name(f0, p0)), len(name(f1, p1)))
+    out.append(f"{'format':<{W}} {'bits':>5} {'B/token':>8} {'pool tokens':>12} {'x tokens':>9}  decode tok/s")
     for f, p in ((f0, p0), (f1, p1)):
         dt = r["runs"][f]["decode_tokens_per_s"]
-        out.append(f"{f:<10} {p['bits_per_value']:>5g} {p['bytes_per_token']:>8,} {p['tokens']:>12,} {p['tokens'] / p1['tokens']:>8.2f}x  {dt:.2f}" if dt else "")
+        out.append(f"{name(f, p):<{W}} {p['bits_per_value']:>5.3g} {p['bytes_per_token']:>8,} {p['tokens']:>12,} {p['tokens'] / p1['tokens']:>8.2f}x  {dt:.2f}" if dt else "")
     out += [r["runs"][f0]["vram_plan"], r["runs"][f1]["vram_plan"], "", f"prompt ends: {r['prompt_tail']!r}"]
     w = max(len(f0), len(f1))
     for f in (f0, f1): out.append(f"{f:>{w}}: {r['runs'][f]['text']!r}")
