@@ -6,15 +6,15 @@ Docs: https://hqkv.github.io/hqkv/engine.html.md"""
 
 # %% ../nbs/41_engine.ipynb #64f4b829
 from __future__ import annotations
-import argparse, collections, dataclasses, itertools, json, logging, math, os, re, sys, time
+import argparse, collections, dataclasses, itertools, json, logging, math, os, sys, time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 import torch
 from torch import Tensor
-from .codec import codec_class
+from .codec import codec_class, asked_codec_opts
 from .pool import KVPool, PoolFull
-from .sizing import GEOMETRIES, Geometry, parse_budget, plan
+from .sizing import GEOMETRIES, Geometry, parse_budget, plan, key_format_items
 from .runner import PagedKV, ATTN_BACKENDS
 from .cli import register_command
 from .fixtures import load_text
@@ -76,10 +76,7 @@ class EngineConfig:
             raise ValueError(f"kv.key_profile: no key profile file at {self.key_profile} (use 'auto', 'off', or a file from `hqkv calibrate`)")
         if isinstance(self.key_formats, Mapping): self.key_formats = ",".join(f"{l}={f}" for l, f in self.key_formats.items())   # a TOML table
         if not isinstance(self.key_formats, str): raise TypeError(f"key_formats must be a string like '5=tbq3,11=tbq3', got {self.key_formats!r}")
-        for part in filter(None, (s.strip() for s in self.key_formats.split(","))):   # layer ids are checked against the model when the pool is built
-            m = re.fullmatch(r"L?\d+\s*[=:]\s*([A-Za-z0-9_.-]+)", part)
-            if not m: raise ValueError(f"kv.key_formats={self.key_formats!r}: cannot read {part!r}; expected 'LAYER=FORMAT[,LAYER=FORMAT...]', e.g. '5=tbq3,11=tbq3'")
-            codec_class(m.group(1))                       # unknown format: ValueError listing the supported ones
+        for _, f in key_format_items(self.key_formats): codec_class(f)   # syntax and format names now; layer ids when the pool is built
         if self.attn is not None and self.attn not in ATTN_BACKENDS:
             raise ValueError(f"unknown attention backend {self.attn!r}; choose one of {', '.join(ATTN_BACKENDS)}")
 
@@ -250,8 +247,8 @@ class Engine:
                              f"or lower engine.max_context")
         from hqkv.calibrate import key_profile_for, describe_key_profile
         prof = key_profile_for(str(cfg.key_profile), cfg.kv_format, self.model)   # a profile of another model: ValueError
-        # naming tbq3 in kv.key_formats is asking for it (as a whole-pool format it stays refused unless HQKV_ALLOW_TBQ3=1)
-        opts = {f: {"allow": True} for _, f in p.key_formats if f == "tbq3"}
+        # naming a format in kv.key_formats is asking for it (tbq3 as the whole pool's format stays refused unless HQKV_ALLOW_TBQ3=1)
+        opts = {f: asked_codec_opts(f) for _, f in p.key_formats}
         pool = KVPool(self.geometry, cfg.kv_format, cfg.kv_pool_bytes, device=cfg.device, key_formats=p.key_formats, codec_opts=opts)
         paged = PagedKV(pool, window_sinks=cfg.window_sinks, window_recent=cfg.window_recent, attn=cfg.attn, slots=cfg.max_batch, key_profile=prof)
         self.config, self.pool, self.paged, self.plan, self.key_profile = cfg, pool, paged, p, describe_key_profile(prof)

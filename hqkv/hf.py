@@ -12,7 +12,7 @@ from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import Cache, CacheLayerMixin, DYNAMIC_LAYER_TYPE_MAPPING, get_layer_types_and_kwargs
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-from .codec import Codec, get_codec
+from .codec import Codec, get_codec, asked_codec_opts
 from .sizing import parse_key_formats
 from .attention import ExactWindow, paged_prefill
 
@@ -278,7 +278,7 @@ class HQKVCache(Cache):
         except ValueError as e: raise ValueError(f"HQKVCache: cannot store this model's K/V (head_dim {D}) as {kv_format!r}: {e}") from e
         full = tuple(i for i, t in enumerate(types) if t == "full_attention")
         kf = dict(parse_key_formats(key_formats, full, D, kv_format, "this model"))   # a layer that is not full attention: ValueError
-        k_codecs = {l: get_codec(f, head_dim=D, **({"allow": True} if f == "tbq3" else {})) for l, f in kf.items()}
+        k_codecs = {l: get_codec(f, head_dim=D, **asked_codec_opts(f)) for l, f in kf.items()}
         if key_profile is not None:
             if not all(callable(getattr(key_profile, m, None)) for m in ("apply_keys", "restore_keys", "apply_query", "check_geometry")):
                 raise TypeError(f"HQKVCache: key_profile must be an hqkv.calibrate.KeyProfile, got {type(key_profile).__name__}")

@@ -370,8 +370,7 @@ class KVPool:
                              f"in {kv_format} takes {self.plan.page_bytes:,} bytes ({self.plan.bytes_per_token:,} bytes a token)")
         self.kv_format, self.page_tokens, self.row_bytes = kv_format, page_tokens, row_bytes(kv_format, g.head_dim)
         self.key_formats: dict = dict(self.plan.key_formats)   # {model layer id: format} of the keys not in kv_format
-        ids = g.attn_layer_ids or tuple(range(g.attn_layers))
-        self.formats: tuple = tuple((self.key_formats.get(l, kv_format), kv_format) for l in ids)   # per pool layer: (K format, V format)
+        self.formats: tuple = tuple((self.key_formats.get(l, kv_format), kv_format) for l in g.attn_ids)   # per pool layer: (K format, V format)
         self.alloc = PageAllocator(self.plan.pages, page_tokens, _pool_salt(g, kv_format, page_tokens, self.plan.key_formats))
         slabs = {}                                             # format -> [(layer, 0 K / 1 V), ...]: one uint8 tensor per format
         for li, pair in enumerate(self.formats):

@@ -11,14 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 import torch
 from torch import Tensor
-from .codec import list_codecs, codec_class
+from .codec import list_codecs, codec_class, asked_codec_opts
 from .sizing import get_geometry, bytes_per_token, key_formats_of
 from .cli import register_command
 from .fixtures import kjv_from_bible
 
 # %% auto #0
-__all__ = ['PYDOC_GLOB', 'TEXTS', 'GEOMETRY', 'NIAH_INTRO', 'NIAH_NEEDLE', 'NIAH_QUESTION', 'ORACLE', 'kjv_text', 'pydoc_text',
-           'eval_text', 'text_windows', 'KVVariant', 'codec_opts', 'ProfiledKV', 'kv_state', 'TokenScores', 'kld_eval',
+__all__ = ['PYDOC_GLOB', 'TEXTS', 'GEOMETRY', 'codec_opts', 'NIAH_INTRO', 'NIAH_NEEDLE', 'NIAH_QUESTION', 'ORACLE', 'kjv_text',
+           'pydoc_text', 'eval_text', 'text_windows', 'KVVariant', 'ProfiledKV', 'kv_state', 'TokenScores', 'kld_eval',
            'NeedlePrompt', 'niah_key', 'niah_prompt', 'niah_score', 'text_ids', 'run_kld', 'run_niah', 'summarize',
            'table_markdown', 'write_table', 'eval_variants']
 
@@ -124,9 +124,7 @@ class KVVariant:
     def __str__(self): return self.name
 
 # %% ../nbs/50_quality.ipynb #605a0553
-def codec_opts(fmt:str)->dict:
-    "`get_codec` options for evaluating `fmt`: naming tbq3 in an evaluation is asking for it (allow=True)."
-    return {"allow": True} if fmt == "tbq3" else {}
+codec_opts = asked_codec_opts   # `get_codec` options for evaluating a format: naming tbq3 in an evaluation is asking for it
 
 class ProfiledKV:
     "A `GlobalKV` around one without key-profile support (e.g. the oracle's `DenseKV`): keys stored as (k - mu) / sigma, queries pre-scaled by sigma."

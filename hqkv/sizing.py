@@ -13,8 +13,8 @@ from .codec import codec_class, list_codecs
 
 # %% auto #0
 __all__ = ['WINDOW_BYTES_PER_VALUE', 'GEOMETRIES', 'BUDGET_FORMS', 'fmt_bytes', 'Geometry', 'gdn_state_bytes', 'get_geometry',
-           'Rate', 'format_name', 'row_bytes', 'kv_formats', 'parse_key_formats', 'key_formats_of', 'key_formats_str',
-           'bytes_per_token', 'Budget', 'parse_budget', 'Plan', 'lane_pages', 'plan', 'lanes_bytes']
+           'Rate', 'format_name', 'row_bytes', 'kv_formats', 'key_format_items', 'parse_key_formats', 'key_formats_of',
+           'key_formats_str', 'bytes_per_token', 'Budget', 'parse_budget', 'Plan', 'lane_pages', 'plan', 'lanes_bytes']
 
 # %% ../nbs/00_sizing.ipynb #705df110
 def fmt_bytes(n:int,              # a byte count
@@ -68,6 +68,10 @@ class Geometry:
                     or len(ids) != self.attn_layers or list(ids) != sorted(set(ids))):
             raise ValueError(f"{self.name}: attn_layer_ids must be {self.attn_layers} distinct increasing layer indices in [0, {self.layers}), got {ids}")
 
+    @property
+    def attn_ids(self) -> tuple:
+        "Model layer ids of the attention layers (0..attn_layers-1 when the preset does not name them)."
+        return self.attn_layer_ids or tuple(range(self.attn_layers))
     @property
     def values_per_token(self) -> int:
         "K and V values one token leaves in the pool: 2 x attention layers x KV heads x head dim."
@@ -171,11 +175,21 @@ def kv_formats(head_dim:int|None=None) -> list[str]:
     if head_dim is not None: names = [n for n in names if head_dim in codec_class(n).head_dims]
     return sorted(names, key=lambda n: (-codec_class(n).row_bytes_for(head_dim or 256), n))
 
-def _attn_ids(g:Geometry) -> tuple:
-    "Model layer ids of the attention layers (0..attn_layers-1 when the preset does not name them)."
-    return tuple(g.attn_layer_ids) or tuple(range(g.attn_layers))
-
 _KEY_FORMATS_FORM = "'LAYER=FORMAT[,LAYER=FORMAT...]' with model layer ids, e.g. '5=tbq3,11=tbq3'"
+
+def key_format_items(spec) -> list:
+    "The (layer, format) pairs of a {layer: format} dict, pairs, or a 'LAYER=FORMAT,...' string, read but not checked against a model."
+    if spec is None or (isinstance(spec, (str, dict, tuple, list)) and not spec): return []
+    if isinstance(spec, str):
+        items = []
+        for part in spec.split(","):
+            m = re.fullmatch(r"\s*L?(\d+)\s*[=:]\s*([A-Za-z0-9_.-]+)\s*", part)
+            if not m: raise ValueError(f"cannot read key formats {spec!r}: expected {_KEY_FORMATS_FORM}")
+            items.append((int(m.group(1)), m.group(2)))
+        return items
+    if isinstance(spec, dict): return list(spec.items())
+    if isinstance(spec, (tuple, list)) and all(isinstance(x, (tuple, list)) and len(x) == 2 for x in spec): return [tuple(x) for x in spec]
+    raise TypeError(f"key formats must be a dict {{layer: format}}, pairs or a string {_KEY_FORMATS_FORM}; got {spec!r}")
 
 def parse_key_formats(spec,             # {layer: format}, 'LAYER=FORMAT,...', pairs, or None/'' for none
                       layer_ids:tuple,  # model layer ids that may carry a key format (the attention layers)
@@ -184,18 +198,8 @@ def parse_key_formats(spec,             # {layer: format}, 'LAYER=FORMAT,...', p
                       owner:str="the model", # how messages name the model
                      ) -> tuple:
     "Checked per-layer key formats as sorted (model layer id, format) pairs."
-    if spec is None or (isinstance(spec, (str, dict, tuple, list)) and not spec): return ()
-    if isinstance(spec, str):
-        items = []
-        for part in spec.split(","):
-            m = re.fullmatch(r"\s*L?(\d+)\s*[=:]\s*([A-Za-z0-9_.-]+)\s*", part)
-            if not m: raise ValueError(f"cannot read key formats {spec!r}: expected {_KEY_FORMATS_FORM}")
-            items.append((int(m.group(1)), m.group(2)))
-    elif isinstance(spec, dict): items = list(spec.items())
-    elif isinstance(spec, (tuple, list)) and all(isinstance(x, (tuple, list)) and len(x) == 2 for x in spec): items = [tuple(x) for x in spec]
-    else: raise TypeError(f"key formats must be a dict {{layer: format}}, pairs or a string {_KEY_FORMATS_FORM}; got {spec!r}")
     ids, out = tuple(layer_ids), {}
-    for layer, fmt in items:
+    for layer, fmt in key_format_items(spec):
         if isinstance(layer, bool) or not isinstance(layer, int) or layer not in ids:
             raise ValueError(f"key format for layer {layer!r}: {owner}'s attention layers (model layer ids) are {list(ids)}")
         if not isinstance(fmt, str): raise TypeError(f"key format of layer {layer} must be a format name, got {fmt!r}")
@@ -210,7 +214,7 @@ def key_formats_of(geometry,           # a `Geometry` or a preset name
                   ) -> tuple:
     "Per-layer key formats as sorted (model layer id, format) pairs: the keys of those attention layers are stored in their own format."
     g = get_geometry(geometry)
-    return parse_key_formats(spec, _attn_ids(g), g.head_dim, kv_format, g.name)
+    return parse_key_formats(spec, g.attn_ids, g.head_dim, kv_format, g.name)
 
 def key_formats_str(pairs:tuple) -> str:
     "How plan lines and names show per-layer key formats: '5:tbq3,11:tbq3' ('' for none)."
@@ -223,7 +227,7 @@ def bytes_per_token(geometry:Geometry, # a `Geometry` or a preset name
     "KV bytes one token adds to the pool: 2 x attention layers x KV heads x row bytes (each layer's keys in its own format if given)."
     g = get_geometry(geometry)
     base, kf = row_bytes(fmt, g.head_dim), dict(key_formats_of(g, key_formats, fmt))
-    return g.kv_heads * sum(base + (row_bytes(kf[l], g.head_dim) if l in kf else base) for l in _attn_ids(g))
+    return g.kv_heads * sum(base + (row_bytes(kf[l], g.head_dim) if l in kf else base) for l in g.attn_ids)
 
 
 # %% ../nbs/00_sizing.ipynb #bbb755ea

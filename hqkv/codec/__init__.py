@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 # %% auto #0
-__all__ = ['Codec', 'register_codec', 'list_codecs', 'codec_class', 'get_codec', 'check_codec']
+__all__ = ['Codec', 'register_codec', 'list_codecs', 'codec_class', 'asked_codec_opts', 'get_codec', 'check_codec']
 
 # %% ../../nbs/10_codec.base.ipynb #9556850e
 class Codec:
@@ -20,6 +20,7 @@ class Codec:
     version: int = 1                     # layout version, checked when stored pages are restored
     head_dims: tuple = (64, 128, 256)    # head dims this format supports
     rotated: bool = False                # True when codes live in a rotated domain (see `rotate`)
+    refused_by_default: bool = False     # True: `get_codec` refuses it unless given allow=True (an experiment, e.g. tbq3)
 
     def __init__(self, head_dim:int): # the head vector length D
         if head_dim not in self.head_dims:
@@ -120,6 +121,10 @@ def codec_class(name:str) -> type[Codec]:
     if not isinstance(name, str) or name not in _REGISTRY:
         raise ValueError(f"unknown KV format {name!r}; supported formats: {', '.join(sorted(_REGISTRY))}")
     return _REGISTRY[name]
+
+def asked_codec_opts(name:str) -> dict:
+    "`get_codec` options for a format someone named explicitly (an evaluated variant, a per-layer key format): naming one refused by default is asking for it."
+    return {"allow": True} if codec_class(name).refused_by_default else {}
 
 def get_codec(name:str, head_dim:int=256, **opts) -> Codec:
     "An instance of the format `name` for vectors of length `head_dim`."

@@ -194,7 +194,7 @@ class TBQ2(TBQCodec):
 @register_codec
 class TBQ3(TBQCodec):
     "tbq3: 3-bit Lloyd-Max indices after a block RHT, 50 B per 128 values (3.125 bits/value); refused unless allowed."
-    name, bits = "tbq3", 3
+    name, bits, refused_by_default = "tbq3", 3, True
     def __init__(self, head_dim:int, # the head vector length D (128, 256 or 512)
                  allow:bool|None=None): # True: use it; False: refuse; None: HQKV_ALLOW_TBQ3=1 allows
         if allow is None:
