@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 # %% auto #0
-__all__ = ['fwht', 'RandomHadamard', 'outlier_stats']
+__all__ = ['fwht', 'dct_matrix', 'RandomHadamard', 'outlier_stats']
 
 # %% ../nbs/01_rotation.ipynb #832b2e14
 def _check_pow2(n:int, what:str="dim"):
@@ -37,37 +37,64 @@ def fwht(x:Tensor, # float tensor [..., n], n a power of two
     return (y.reshape(x.shape) * (1.0 / math.sqrt(n))).to(x.dtype)
 
 # %% ../nbs/01_rotation.ipynb #c4037310
+def _split_dim(dim:int)->tuple[int, int]:
+    "(2**a, m) with dim == 2**a * m and m odd."
+    p = dim & -dim
+    return p, dim // p
+
+def dct_matrix(m:int)->Tensor: # float32 [m, m], orthonormal
+    "The orthonormal DCT-II matrix: C[k, n] = sqrt(2/m) cos(pi (n + 1/2) k / m), row 0 scaled to 1/sqrt(m)."
+    n = torch.arange(m, dtype=torch.float64)
+    c = torch.cos(math.pi * (n[None, :] + 0.5) * n[:, None] / m) * math.sqrt(2 / m)
+    c[0] = 1 / math.sqrt(m)
+    return c.to(torch.float32)
+
 class RandomHadamard:
-    "Seeded randomized Hadamard rotation x -> H·diag(s)·x/sqrt(dim) along the last dimension."
+    "Seeded randomized Hadamard rotation x -> (H ⊗ C)·diag(s)·x along the last dimension (C = [1] when dim is a power of two)."
     def __init__(self,
-                 dim:int, # head dimension, a power of two (64, 128, 256, ...)
+                 dim:int, # head dimension: 2**a * m, m odd (64, 80, 96, 128, 192, 256, ...)
                  seed:int=0): # seed of the ±1 sign vector
-        _check_pow2(dim, "RandomHadamard dim")
-        if not isinstance(seed, int) or seed < 0: raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1: raise ValueError(f"RandomHadamard dim must be a positive int, got {dim!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0: raise ValueError(f"seed must be a non-negative int, got {seed!r}")
         self.dim, self.seed = dim, seed
+        self.pow2, self.odd = _split_dim(dim)
         g = torch.Generator(device="cpu").manual_seed(seed)
         self.signs = (torch.randint(0, 2, (dim,), generator=g, dtype=torch.int64) * 2 - 1).to(torch.float32)
+        self.mix = dct_matrix(self.odd) if self.odd > 1 else None   # C_m for the odd factor
         self._dev = {}
 
-    def _s(self, x:Tensor)->Tensor:
-        "Sign vector on `x`'s device (cached)."
+    def _consts(self, x:Tensor)->tuple:
+        "(signs, C) on `x`'s device (cached)."
         if x.shape[-1] != self.dim:
             raise ValueError(f"last dimension must be {self.dim}, got {tuple(x.shape)}")
         d = x.device
-        if d not in self._dev: self._dev[d] = self.signs.to(d)
+        if d not in self._dev: self._dev[d] = (self.signs.to(d), None if self.mix is None else self.mix.to(d))
         return self._dev[d]
+
+    def _hadamard_groups(self, y:Tensor)->Tensor:
+        "H/sqrt(2**a) across the 2**a groups of m channels of y [..., dim] (self-inverse)."
+        t = y.reshape(*y.shape[:-1], self.pow2, self.odd).transpose(-1, -2)
+        return fwht(t).transpose(-1, -2).reshape(y.shape)
 
     def forward(self, x:Tensor, # float [..., dim]
                )->Tensor: # rotated, same shape/dtype/device
-        "Rotate: H·diag(s)·x/sqrt(dim) (float32 arithmetic)."
+        "Rotate: (H ⊗ C)·diag(s)·x (float32 arithmetic)."
         if not isinstance(x, Tensor) or not x.is_floating_point(): raise TypeError("RandomHadamard expects a floating-point tensor")
-        return fwht(x.to(torch.float32) * self._s(x)).to(x.dtype)
+        s, q = self._consts(x)
+        y = x.to(torch.float32) * s
+        if q is None: return fwht(y).to(x.dtype)
+        y = (y.reshape(*x.shape[:-1], self.pow2, self.odd) @ q.T).reshape(x.shape)
+        return self._hadamard_groups(y).to(x.dtype)
 
     def inverse(self, y:Tensor, # float [..., dim], rotated
                )->Tensor: # un-rotated, same shape/dtype/device
-        "Undo `forward`: diag(s)·H·y/sqrt(dim)."
+        "Undo `forward`: diag(s)·(H ⊗ C.T)·y."
         if not isinstance(y, Tensor) or not y.is_floating_point(): raise TypeError("RandomHadamard expects a floating-point tensor")
-        return (fwht(y.to(torch.float32)) * self._s(y)).to(y.dtype)
+        s, q = self._consts(y)
+        if q is None: return (fwht(y.to(torch.float32)) * s).to(y.dtype)
+        t = self._hadamard_groups(y.to(torch.float32))
+        t = (t.reshape(*y.shape[:-1], self.pow2, self.odd) @ q).reshape(y.shape)
+        return (t * s).to(y.dtype)
 
     __call__ = forward
 
@@ -76,6 +103,7 @@ class RandomHadamard:
         return self.forward(torch.eye(self.dim)).T.contiguous()
 
     def __repr__(self): return f"RandomHadamard(dim={self.dim}, seed={self.seed})"
+
 
 # %% ../nbs/01_rotation.ipynb #f8fea7d5
 def outlier_stats(x:Tensor, # [..., dim] vectors (e.g. keys of one layer and head over many tokens)

@@ -165,9 +165,7 @@ def row_bytes(fmt,          # a registered format name ("hq-e8-2b") or a `Rate`
     if isinstance(fmt, Rate): return fmt.row_bytes_for(head_dim)
     if not isinstance(fmt, str): raise TypeError(f"a KV format is a name or a Rate, got {type(fmt).__name__}")
     cls = codec_class(fmt)  # unknown name -> ValueError listing the supported ones
-    if head_dim not in cls.head_dims:
-        raise ValueError(f"KV format {fmt!r} does not support head_dim {head_dim}; it supports {list(cls.head_dims)}")
-    return cls.row_bytes_for(head_dim)
+    return cls.row_bytes_for(cls.check_head_dim(head_dim))   # a size the format does not read: ValueError naming the ones it does
 
 def kv_formats(head_dim:int|None=None) -> list[str]:
     "Registered formats (those supporting `head_dim` when given), largest rows first."

@@ -11,21 +11,35 @@ import torch
 from torch import Tensor
 
 # %% auto #0
-__all__ = ['Codec', 'register_codec', 'list_codecs', 'codec_class', 'asked_codec_opts', 'get_codec', 'check_codec']
+__all__ = ['HEAD_DIMS', 'describe_dims', 'Codec', 'register_codec', 'list_codecs', 'codec_class', 'asked_codec_opts', 'get_codec',
+           'check_codec']
 
 # %% ../../nbs/10_codec.base.ipynb #9556850e
+HEAD_DIMS = tuple(range(64, 513, 16))   # every multiple of 16 from 64 to 512: the head sizes the built-in formats read
+
+def describe_dims(dims) -> str:
+    "A list of head dims in words: '64..512 in steps of 16' for an even run, else the list."
+    d = sorted(dims)
+    if len(d) > 3 and len({b - a for a, b in zip(d, d[1:])}) == 1: return f"{d[0]}..{d[-1]} in steps of {d[1] - d[0]}"
+    return str(d)
+
 class Codec:
     "Base class of a KV format: `encode` float [..., head_dim] -> uint8 [..., row_bytes]; `decode` back to float32."
     name: str = ""                       # registry name, e.g. "hq-e8-2b"
     version: int = 1                     # layout version, checked when stored pages are restored
-    head_dims: tuple = (64, 128, 256)    # head dims this format supports
+    head_dims: tuple = HEAD_DIMS         # head dims this format supports
     rotated: bool = False                # True when codes live in a rotated domain (see `rotate`)
     refused_by_default: bool = False     # True: `get_codec` refuses it unless given allow=True (an experiment, e.g. tbq3)
 
     def __init__(self, head_dim:int): # the head vector length D
-        if head_dim not in self.head_dims:
-            raise ValueError(f"{self.name}: head_dim {head_dim} is not supported; supported head dims: {list(self.head_dims)}")
-        self.head_dim = head_dim
+        self.head_dim = self.check_head_dim(head_dim)
+
+    @classmethod
+    def check_head_dim(cls, head_dim:int) -> int:
+        "`head_dim` if this format reads it, else ValueError naming the sizes it reads."
+        if isinstance(head_dim, bool) or head_dim not in cls.head_dims:
+            raise ValueError(f"{cls.name}: head_dim {head_dim!r} is not supported; supported head dims: {describe_dims(cls.head_dims)}")
+        return head_dim
 
     @classmethod
     def row_bytes_for(cls, head_dim:int) -> int:

@@ -9,11 +9,12 @@ from __future__ import annotations
 import itertools, math
 import torch
 from torch import Tensor
-from . import Codec, register_codec
+from . import Codec, register_codec, HEAD_DIMS
 from ..rotation import RandomHadamard
 
 # %% auto #0
-__all__ = ['E8P_ABS', 'E8P_PARITY', 'e8p_patterns', 'e8p_decode', 'e8p_grid', 'e8p_encode_reference', 'e8p_encode', 'HQE8']
+__all__ = ['E8P_ABS', 'E8P_PARITY', 'e8p_patterns', 'e8p_decode', 'e8p_grid', 'e8p_encode_reference', 'e8p_encode',
+           'quarter_groups', 'HQE8']
 
 # %% ../../nbs/13_codec.e8.ipynb #4ae33d29
 _HALF12 = ((1,2,3), (0,2,3), (0,1,3), (0,1,2), (3,6,7), (3,5,7), (3,4,7), (3,5,6), (3,4,6), (3,4,5),
@@ -182,22 +183,43 @@ def e8p_encode(x:Tensor, # float [..., 8], any device
     return (out.reshape(shp), dist.reshape(shp)) if return_dist else out.reshape(shp)
 
 # %% ../../nbs/13_codec.e8.ipynb #8a7a766e
+def quarter_groups(head_dim:int, # D, a multiple of 8
+                   quarters:int=4, # scales per row
+                  )->tuple: # ((first group, end group) of each quarter)
+    "Codeword groups of each scale: group g (coordinates 8g..8g+7) belongs to quarter g * quarters // (D / 8)."
+    G = head_dim // 8
+    b = [-(-q * G // quarters) for q in range(quarters + 1)]
+    return tuple((b[q], b[q + 1]) for q in range(quarters))
+
 @register_codec
 class HQE8(Codec):
     "hq-e8-2b: randomized Hadamard rotation over the head, D/8 E8P codewords (16 bit) and 4 bf16 quarter scales."
-    name, version, head_dims, rotated = "hq-e8-2b", 1, (64, 128, 256), True
+    name, version, rotated = "hq-e8-2b", 1, True
     gain: float = 1.03                    # z = gain * y / rms(y) per quarter is what the codebook sees
     quarters: int = 4                     # scales per head vector (8 metadata bytes of bf16)
 
-    def __init__(self, head_dim:int, # the head vector length D (64, 128 or 256)
+    def __init__(self, head_dim:int, # the head vector length D (`HEAD_DIMS`: 64..512 in steps of 16)
                  seed:int=0): # seed of the rotation's sign vector
         super().__init__(head_dim)
         self.seed = seed
         self.rht = RandomHadamard(head_dim, seed)
+        self.quarter_groups = quarter_groups(head_dim, self.quarters)
+        self._lens = {}
         self._mats = {}
 
     @classmethod
     def row_bytes_for(cls, head_dim:int)->int: return head_dim // 4 + 8
+
+    def _reduce(self, t:Tensor, op, per:int=8)->Tensor:
+        "op(t[:, quarter], -1) for each quarter of t [n, D] (per=8 values a group) or [n, D/8] (per=1: one per group) -> [n, Q]."
+        return torch.stack([op(t[:, a * per : b * per], -1) for a, b in self.quarter_groups], 1)
+
+    def _per_quarter(self, t:Tensor, s:Tensor, op)->Tensor:
+        "op(t, s) with s [n, Q] broadcast over each quarter's coordinates of t [n, D]."
+        n, D, Q = t.shape[0], self.head_dim, self.quarters
+        if D % (8 * Q) == 0: return op(t.reshape(n, Q, D // Q), s[..., None]).reshape(n, D)
+        if s.device not in self._lens: self._lens[s.device] = torch.tensor([8 * (b - a) for a, b in self.quarter_groups], device=s.device)
+        return op(t, s.repeat_interleave(self._lens[s.device], 1))
 
     def _mat(self, dev)->Tensor:
         "R.T on `dev` (cached): on CPU rotating a batch is one float32 matmul, faster than the butterflies."
@@ -211,30 +233,30 @@ class HQE8(Codec):
         return x.to(torch.float32) @ self._mat(x.device).T
 
     def _encode(self, x:Tensor)->Tensor:
-        n, D, Q = x.shape[0], self.head_dim, self.quarters
+        n, D, G = x.shape[0], self.head_dim, self.head_dim // 8
         y = self.rotate(x)
         if not bool(torch.isfinite(y).all()): raise ValueError(f"{self.name}.encode: the rotated vector overflows float32 (|x| too large)")
-        y = y.reshape(n, Q, D // Q)
         tiny = torch.finfo(torch.float32).tiny
-        m = y.abs().amax(-1, keepdim=True)
-        yn = y / m.clamp_min(tiny)                                     # |yn| <= 1: no overflow in the squares
-        rms_n = (yn * yn).mean(-1, keepdim=True).sqrt()
-        z = yn * (self.gain / rms_n.clamp_min(tiny))                   # zero quarters stay zero
+        m = self._reduce(y.abs(), torch.amax)                           # [n, Q]: each quarter's max-abs
+        yn = self._per_quarter(y, m.clamp_min(tiny), torch.div)          # |yn| <= 1: no overflow in the squares
+        rms_n = self._reduce(yn * yn, torch.mean).sqrt()
+        z = self._per_quarter(yn, self.gain / rms_n.clamp_min(tiny), torch.mul)   # zero quarters stay zero
         codes, d = e8p_encode(z.reshape(-1, 8), return_dist=True)
-        codes = codes.reshape(n, D // 8)
-        zz = (z * z).reshape(n, D // 8, 8).sum(-1)
+        codes = codes.reshape(n, G)
+        zz = (z * z).reshape(n, G, 8).sum(-1)
         cc = _tables(x.device)["norm2"][codes.long()]
-        zc = (0.5 * (zz + cc - d.reshape(n, D // 8))).reshape(n, Q, -1).sum(-1)   # <z, c> from ||z - c||^2
-        s = (m * rms_n / self.gain)[..., 0] * zc / cc.reshape(n, Q, -1).sum(-1)    # y = (m rms_n / g) z
+        zc = self._reduce(0.5 * (zz + cc - d.reshape(n, G)), torch.sum, 1)        # <z, c> from ||z - c||^2
+        s = (m * rms_n / self.gain) * zc / self._reduce(cc, torch.sum, 1)         # y = (m rms_n / g) z
         s16 = s.to(torch.bfloat16)
         if not bool(torch.isfinite(s16).all()): raise ValueError(f"{self.name}.encode: a scale overflows bfloat16")
         lo, hi = (codes & 0xFF).to(torch.uint8), (codes >> 8).to(torch.uint8)
         return torch.cat([torch.stack([lo, hi], 2).reshape(n, D // 4), s16.view(torch.uint8)], 1)
 
     def _decode_rotated(self, rows:Tensor)->Tensor:
-        n, D, Q = rows.shape[0], self.head_dim, self.quarters
+        n, D = rows.shape[0], self.head_dim
         b = rows[:, : D // 4].to(torch.int64)
         idx = (b[:, 0::2] | (b[:, 1::2] << 8)).reshape(-1)
-        c = _tables(rows.device)["grid4"].index_select(0, idx).reshape(n, Q, D // Q).to(torch.float32)   # int8 table: 4x less to read
+        c = _tables(rows.device)["grid4"].index_select(0, idx).reshape(n, D).to(torch.float32)   # int8 table: 4x less to read
         s = rows[:, D // 4:].contiguous().view(torch.bfloat16).to(torch.float32) * 0.25   # (4 grid) (s / 4) = grid s, bit for bit
-        return (c * s[..., None]).reshape(n, D)
+        return self._per_quarter(c, s, torch.mul)
+

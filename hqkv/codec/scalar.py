@@ -8,16 +8,16 @@ Docs: https://hqkv.github.io/hqkv/codec.scalar.html.md"""
 from __future__ import annotations
 import torch
 from torch import Tensor
-from . import Codec, register_codec
+from . import Codec, register_codec, HEAD_DIMS
 
 # %% auto #0
-__all__ = ['BF16Codec', 'FP8E4M3Codec', 'Q8_0Codec', 'Q4_0Codec']
+__all__ = ['GGML_HEAD_DIMS', 'BF16Codec', 'FP8E4M3Codec', 'Q8_0Codec', 'Q4_0Codec']
 
 # %% ../../nbs/11_codec.scalar.ipynb #58f5d4b4
 @register_codec
 class BF16Codec(Codec):
     "bf16 values as they are: D x 2 bytes, the exact reference format."
-    name, head_dims, rotated = "bf16", (64, 128, 256), False
+    name, rotated = "bf16", False
 
     @classmethod
     def row_bytes_for(cls, head_dim:int) -> int: return 2 * head_dim
@@ -34,7 +34,7 @@ _E4M3_MAX = 448.0  # largest finite float8_e4m3fn
 @register_codec
 class FP8E4M3Codec(Codec):
     "Per-vector fp32 scale (amax/448) + D values in float8 e4m3fn."
-    name, head_dims, rotated = "fp8-e4m3", (64, 128, 256), False
+    name, rotated = "fp8-e4m3", False
 
     @classmethod
     def row_bytes_for(cls, head_dim:int) -> int: return 4 + head_dim
@@ -50,6 +50,7 @@ class FP8E4M3Codec(Codec):
 
 # %% ../../nbs/11_codec.scalar.ipynb #097c2511
 _QK = 32  # ggml's block length
+GGML_HEAD_DIMS = tuple(d for d in HEAD_DIMS if d % _QK == 0)   # whole 32-value blocks: 64..512 in steps of 32
 
 def _ggml_row_bytes(name:str, head_dim:int, block_bytes:int) -> int:
     "Bytes of a row of `head_dim` values in a ggml format with `block_bytes` per 32 values."
@@ -86,7 +87,7 @@ def _split_blocks(rows:Tensor, block_bytes:int) -> tuple[Tensor, Tensor]:
 @register_codec
 class Q8_0Codec(Codec):
     "ggml Q8_0: per 32 values an fp16 scale amax/127 and 32 int8 codes (34 B); byte-exact with gguf."
-    name, head_dims, rotated = "q8_0", (64, 128, 256), False
+    name, head_dims, rotated = "q8_0", GGML_HEAD_DIMS, False
 
     @classmethod
     def row_bytes_for(cls, head_dim:int) -> int: return _ggml_row_bytes(cls.name, head_dim, 2 + _QK)
@@ -106,7 +107,7 @@ class Q8_0Codec(Codec):
 @register_codec
 class Q4_0Codec(Codec):
     "ggml Q4_0: per 32 values an fp16 scale max/-8 and 32 nibbles (18 B); byte-exact with gguf."
-    name, head_dims, rotated = "q4_0", (64, 128, 256), False
+    name, head_dims, rotated = "q4_0", GGML_HEAD_DIMS, False
 
     @classmethod
     def row_bytes_for(cls, head_dim:int) -> int: return _ggml_row_bytes(cls.name, head_dim, 2 + _QK // 2)

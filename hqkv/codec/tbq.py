@@ -9,12 +9,12 @@ from __future__ import annotations
 import math, os
 import torch
 from torch import Tensor
-from . import Codec, register_codec
+from . import Codec, register_codec, HEAD_DIMS
 from ..rotation import RandomHadamard
 
 # %% auto #0
 __all__ = ['BLOCK', 'LLOYD_MAX', 'LLOYD_MAX_MSE', 'TBQ_CENTROIDS', 'gaussian_mse', 'lloyd_max_gaussian', 'pack_indices',
-           'unpack_indices', 'TBQCodec', 'TBQ4', 'TBQ2', 'TBQ3']
+           'unpack_indices', 'tbq_block', 'TBQCodec', 'TBQ4', 'TBQ2', 'TBQ3']
 
 # %% ../../nbs/12_codec.tbq.ipynb #cf0a0717
 _SQRT2, _INV_SQRT_2PI = math.sqrt(2.0), 1.0 / math.sqrt(2.0 * math.pi)
@@ -93,37 +93,43 @@ def unpack_indices(packed:Tensor, # uint8 [..., m], m a multiple of the group's 
 # %% ../../nbs/12_codec.tbq.ipynb #c2207040
 _F16_MAX = 65504.0
 
+def tbq_block(head_dim:int)->int: # values per block
+    "The block of a `head_dim` row: the largest divisor of `head_dim` that is a multiple of 8 and at most 128 (at least 64), else at most 256."
+    divs = [b for b in range(8, min(head_dim, 256) + 1, 8) if head_dim % b == 0]
+    small = [b for b in divs if b <= BLOCK]
+    return small[-1] if small and small[-1] >= 64 else divs[-1]
+
 class TBQCodec(Codec):
-    "Rotated scalar Lloyd-Max format: per 128-value block one fp16 scale and `bits`-bit centroid indices after a block RHT."
+    "Rotated scalar Lloyd-Max format: per block (128 values, or `tbq_block(D)`) one fp16 scale and `bits`-bit centroid indices after a block RHT."
     bits: int = 4                        # index width (set by each format)
-    head_dims = (128, 256, 512)          # whole 128-value blocks only
     rotated = True
     rht_seed: int = 0                    # seed of the block rotation's signs (part of the layout)
     scale_mode: str = "mse"              # stored scale: "mse" (MSE-best for the indices) or "norm" (block norm)
 
-    def __init__(self, head_dim:int): # the head vector length D (128, 256 or 512)
+    def __init__(self, head_dim:int): # the head vector length D (`HEAD_DIMS`: 64..512 in steps of 16)
         super().__init__(head_dim)
         if self.scale_mode not in ("mse", "norm"): raise ValueError(f"{self.name}: scale_mode must be 'mse' or 'norm', got {self.scale_mode!r}")
-        self.n_blocks = head_dim // BLOCK
-        self.rht = RandomHadamard(BLOCK, seed=self.rht_seed)
+        self.block = tbq_block(head_dim)
+        self.n_blocks = head_dim // self.block
+        self.rht = RandomHadamard(self.block, seed=self.rht_seed)
+        self.centroids = tuple(c / math.sqrt(self.block) for c in LLOYD_MAX[self.bits])   # unit-norm block levels (`TBQ_CENTROIDS` at 128)
         self._tables, self._luts = {}, {}
 
     @classmethod
-    def block_bytes(cls)->int:
-        "Bytes of one 128-value block: the fp16 scale and the packed indices."
-        return 2 + BLOCK * cls.bits // 8
+    def block_bytes(cls, block:int=BLOCK)->int:
+        "Bytes of one block of `block` values: the fp16 scale and the packed indices."
+        return 2 + block * cls.bits // 8
 
     @classmethod
     def row_bytes_for(cls, head_dim:int)->int:
         "Bytes of one coded head vector of length `head_dim`."
-        if head_dim not in cls.head_dims:
-            raise ValueError(f"{cls.name}: head_dim {head_dim} is not supported; supported head dims: {list(cls.head_dims)}")
-        return head_dim // BLOCK * cls.block_bytes()
+        b = tbq_block(cls.check_head_dim(head_dim))
+        return head_dim // b * cls.block_bytes(b)
 
     def _table(self, device)->tuple[Tensor, Tensor]:
         "(centroids, midpoints) of the unit-norm block levels on `device` (cached)."
         if device not in self._tables:
-            c = torch.tensor(TBQ_CENTROIDS[self.bits], dtype=torch.float32)
+            c = torch.tensor(self.centroids, dtype=torch.float32)
             self._tables[device] = (c.to(device), ((c[1:] + c[:-1]) / 2).to(device))
         return self._tables[device]
 
@@ -131,10 +137,10 @@ class TBQCodec(Codec):
         if not isinstance(x, Tensor) or not x.is_floating_point(): raise TypeError(f"{self.name}: expected a floating-point tensor")
         if x.ndim == 0 or x.shape[-1] != self.head_dim:
             raise ValueError(f"{self.name}: last dim must be head_dim={self.head_dim}, got shape {tuple(x.shape)}")
-        return x.reshape(*x.shape[:-1], self.n_blocks, BLOCK)
+        return x.reshape(*x.shape[:-1], self.n_blocks, self.block)
 
     def rotate(self, x:Tensor)->Tensor:
-        "Block-diagonal RHT: every 128-value block rotated by `RandomHadamard(128, rht_seed)`."
+        "Block-diagonal RHT: every block rotated by `RandomHadamard(block, rht_seed)`."
         return self.rht.forward(self._blocks(x)).reshape(x.shape)
 
     def unrotate(self, x:Tensor)->Tensor:
@@ -143,7 +149,7 @@ class TBQCodec(Codec):
 
     def _encode(self, x:Tensor)->Tensor:
         n, (cents, mids) = x.shape[0], self._table(x.device)
-        y = self.rht.forward(x.reshape(n, self.n_blocks, BLOCK))         # [n, blocks, 128], rotated
+        y = self.rht.forward(x.reshape(n, self.n_blocks, self.block))    # [n, blocks, block], rotated
         norm = torch.linalg.vector_norm(y, dim=-1, keepdim=True)
         u = y / norm.clamp_min(torch.finfo(torch.float32).tiny)          # unit-norm blocks; zeros stay zeros
         idx = torch.bucketize(u, mids)                                   # nearest centroid
@@ -154,7 +160,7 @@ class TBQCodec(Codec):
         s16 = scale.to(torch.float16)
         if not bool(torch.isfinite(s16).all()):
             bad = float(norm[~torch.isfinite(s16)].flatten()[0])
-            raise ValueError(f"{self.name}.encode: a 128-value block has norm {bad:.4g}, beyond the fp16 range of its stored scale ({_F16_MAX:g})")
+            raise ValueError(f"{self.name}.encode: a {self.block}-value block has norm {bad:.4g}, beyond the fp16 range of its stored scale ({_F16_MAX:g})")
         return torch.cat((s16.view(torch.uint8), pack_indices(idx, self.bits)), dim=-1).reshape(n, self.row_bytes)
 
     def _lut(self, device)->Tensor:
@@ -169,7 +175,7 @@ class TBQCodec(Codec):
     def _decode_rotated(self, rows:Tensor)->Tensor:
         "One table row per byte (tbq4, tbq2) or per 12 bits (tbq3) instead of one gather per index: the same values."
         n, lut = rows.shape[0], self._lut(rows.device)
-        r = rows.reshape(n, self.n_blocks, self.block_bytes())
+        r = rows.reshape(n, self.n_blocks, self.block_bytes(self.block))
         scale = r[..., :2].contiguous().view(torch.float16).to(torch.float32)   # [n, blocks, 1]
         p = r[..., 2:]
         if self.bits == 3:                                                      # 3-byte groups = two 12-bit keys of 4 indices
@@ -177,7 +183,7 @@ class TBQCodec(Codec):
             w = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16)
             keys = torch.stack((w & 0xFFF, w >> 12), -1)
         else: keys = p
-        vals = lut.index_select(0, keys.reshape(-1).long()).view(n, self.n_blocks, BLOCK)
+        vals = lut.index_select(0, keys.reshape(-1).long()).view(n, self.n_blocks, self.block)
         return (vals * scale).reshape(n, self.head_dim)
 
 # %% ../../nbs/12_codec.tbq.ipynb #b2b2ae07
@@ -195,7 +201,7 @@ class TBQ2(TBQCodec):
 class TBQ3(TBQCodec):
     "tbq3: 3-bit Lloyd-Max indices after a block RHT, 50 B per 128 values (3.125 bits/value); refused unless allowed."
     name, bits, refused_by_default = "tbq3", 3, True
-    def __init__(self, head_dim:int, # the head vector length D (128, 256 or 512)
+    def __init__(self, head_dim:int, # the head vector length D (`HEAD_DIMS`)
                  allow:bool|None=None): # True: use it; False: refuse; None: HQKV_ALLOW_TBQ3=1 allows
         if allow is None:
             env = os.environ.get("HQKV_ALLOW_TBQ3")

@@ -11,10 +11,11 @@ import torch
 from ..codec import Codec
 
 # %% auto #0
-__all__ = ['KERNEL_FORMATS', 'kernel_format', 'interpreting', 'check_device']
+__all__ = ['KERNEL_FORMATS', 'KERNEL_HEAD_DIMS', 'kernel_format', 'interpreting', 'check_device']
 
 # %% ../../nbs/30a_kernels.ipynb #7acfe665
 KERNEL_FORMATS = {"bf16": 0, "hq-e8-2b": 1}  # format name -> FORMAT constexpr
+KERNEL_HEAD_DIMS = (64, 128, 256, 512)        # powers of two: a row is one `tl.arange(0, D)` block
 
 def kernel_format(codec:Codec) -> int:
     "The `FORMAT` constexpr for `codec`; ValueError naming the supported formats for anything else."
@@ -22,6 +23,9 @@ def kernel_format(codec:Codec) -> int:
     if codec.name not in KERNEL_FORMATS:
         raise ValueError(f"the Triton kernels do not support KV format {codec.name!r}; supported: {', '.join(KERNEL_FORMATS)} "
                          "(use hqkv.attention's torch reference for other formats)")
+    if codec.head_dim not in KERNEL_HEAD_DIMS:
+        raise ValueError(f"the Triton kernels read head_dim {', '.join(map(str, KERNEL_HEAD_DIMS))}, not {codec.head_dim} "
+                         f"(use hqkv.attention's torch reference, attn='ref' or 'gather', for {codec.name} at head_dim {codec.head_dim})")
     return KERNEL_FORMATS[codec.name]
 
 # %% ../../nbs/30a_kernels.ipynb #b3dc234a
