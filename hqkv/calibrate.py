@@ -6,7 +6,7 @@ Docs: https://hqkv.github.io/hqkv/calibrate.html.md"""
 
 # %% ../nbs/15_calibrate.ipynb #92f2d094
 from __future__ import annotations
-import argparse, dataclasses, hashlib, json, math, sys
+import argparse, dataclasses, hashlib, json, math, re, sys, time, warnings
 from dataclasses import dataclass
 from pathlib import Path
 import torch
@@ -16,10 +16,10 @@ from .fixtures import DATA_DIR
 from .cli import register_command
 
 # %% auto #0
-__all__ = ['DEFAULT_MODEL', 'PROFILE_FORMAT', 'PROFILE_VERSION', 'MODES', 'PROFILE_FILES', 'CALIB_TEXT', 'CALIBRATE_MODELS',
+__all__ = ['DEFAULT_MODEL', 'PROFILE_FORMAT', 'PROFILE_VERSION', 'MODES', 'CAPTURE_ATTN', 'PROFILE_FILES', 'CALIB_TEXT',
            'ModelIdentity', 'config_sha256', 'file_sha256', 'model_identity', 'KeyProfile', 'profile_stats',
-           'calibrate', 'default_profile', 'resolve_key_profile', 'key_profile_for', 'describe_key_profile',
-           'calibrate_report']
+           'calibrate', 'calibrate_hf', 'default_profile', 'profile_path', 'find_profile', 'warn_no_profile',
+           'resolve_key_profile', 'key_profile_for', 'describe_key_profile', 'calibrate_report']
 
 # %% ../nbs/15_calibrate.ipynb #ac8f17bd
 DEFAULT_MODEL = "gemma-3-270m"   # the default model's name (a `hqkv.sizing` geometry preset)
@@ -31,14 +31,18 @@ class ModelIdentity:
     "What a key profile belongs to: the model's name, a hash of its config and the sha256 of its weights file."
     name: str             # e.g. "gemma-3-270m"
     config_sha256: str    # `config_sha256` of the model's config
-    weights_sha256: str   # sha256 of the weights file (the GGUF)
+    weights_sha256: str   # sha256 of the weights file (kind "hqkv": the GGUF) or of the weights (kind "transformers")
+    architecture: str = ""   # the model class, e.g. "Qwen2ForCausalLM" ("" for hqkv's own Gemma 3 forward)
+    kind: str = "hqkv"       # "hqkv": hqkv's own forward; "transformers": any transformers model (`hqkv.models.load.hf_identity`)
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name: raise ValueError(f"ModelIdentity.name must be a non-empty string, got {self.name!r}")
+        if self.kind not in ("hqkv", "transformers"): raise ValueError(f"ModelIdentity.kind must be 'hqkv' or 'transformers', got {self.kind!r}")
+        if not isinstance(self.architecture, str): raise ValueError(f"ModelIdentity.architecture must be a string, got {self.architecture!r}")
         for f in ("config_sha256", "weights_sha256"):
             if not _is_sha(getattr(self, f)): raise ValueError(f"ModelIdentity.{f} must be 64 lowercase hex digits, got {getattr(self, f)!r}")
     def short(self) -> str:
         "name@weights[:12]: enough to tell models apart in a message."
-        return f"{self.name}@{self.weights_sha256[:12]}"
+        return f"{self.name}@{self.weights_sha256[:12]}" + (f" ({self.architecture})" if self.architecture else "")
 
 def config_sha256(cfg) -> str: # 64 hex digits
     "sha256 of a dataclass config (e.g. `Gemma3Config`) written as sorted JSON with its class name, floats to 6 significant digits."
@@ -183,9 +187,9 @@ class KeyProfile:
                      ):
         "Raise ValueError naming what differs when the profile was measured on another model."
         if not isinstance(identity, ModelIdentity): raise TypeError(f"check_matches expects a ModelIdentity, got {type(identity).__name__}")
-        diff = [f for f in ("name", "config_sha256", "weights_sha256") if getattr(self.model, f) != getattr(identity, f)]
+        diff = [f for f in ("kind", "config_sha256", "weights_sha256") if getattr(self.model, f) != getattr(identity, f)]
         if diff: raise ValueError(f"key profile ({self.tag}) was calibrated on {self.model.short()}, not on this model {identity.short()} "
-                                  f"(different {', '.join(diff)}); run `hqkv calibrate` for this model or set kv.key_profile=off")
+                                  f"(different {', '.join(diff)}); run `hqkv calibrate --model ...` for this model or set kv.key_profile=off")
 
     def check_geometry(self, layers:tuple, # model layer index of each attention layer of the cache
                        kv_heads:int, head_dim:int):
@@ -200,6 +204,7 @@ def profile_stats(k:Tensor, # float [L, T, kv_heads, D]: keys of each attention 
                   skip:int=1, # leading positions left out (<bos>: an attention sink)
                   clip:float=0.999, # each channel's |k - mu| is clipped at this quantile before its RMS
                   floor:float=0.05, # sigma is clamped to [floor, 1/floor] x its median over the head's channels
+                  q_ms:Tensor|None=None, # float [L, Hq, D]: mean of q**2 over the positions after `skip`, instead of `q` (mode "qk")
                  ) -> tuple[Tensor, Tensor]: # mu, sigma: float32 [L, kv_heads, D]
     "Robust per-channel key mean and scale."
     if mode not in MODES: raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -209,7 +214,10 @@ def profile_stats(k:Tensor, # float [L, T, kv_heads, D]: keys of each attention 
     if not 0 < floor <= 1: raise ValueError(f"floor must be in (0, 1], got {floor!r}")
     L, T, H, D = k.shape
     if T - skip < 2: raise ValueError(f"profile_stats needs at least 2 positions after skipping {skip}, got {T}")
-    if mode == "qk":
+    if mode == "qk" and q_ms is not None:
+        if not isinstance(q_ms, Tensor) or q_ms.ndim != 3 or q_ms.shape[0] != L or q_ms.shape[2] != D or q_ms.shape[1] % H:
+            raise ValueError(f"q_ms must be [{L}, a multiple of {H}, {D}], got {tuple(getattr(q_ms, 'shape', ())) or q_ms!r}")
+    elif mode == "qk":
         if not isinstance(q, Tensor) or q.ndim != 4 or q.shape[:2] != (L, T) or q.shape[3] != D or q.shape[2] % H:
             raise ValueError(f"mode 'qk' needs queries q [{L}, {T}, a multiple of {H}, {D}], got {tuple(getattr(q, 'shape', ())) or q!r}")
     x = k[:, skip:].to(torch.float32)
@@ -224,10 +232,9 @@ def profile_stats(k:Tensor, # float [L, T, kv_heads, D]: keys of each attention 
     spread = dev.minimum(clip_level(dev)[:, None]).pow(2).mean(1).sqrt()  # winsorized RMS about mu
     if mode == "std": s = spread
     else:
-        qq = q[:, skip:].to(torch.float32)
-        if not bool(torch.isfinite(qq).all()): raise ValueError("profile_stats: queries contain NaN or Inf")
-        G = q.shape[2] // H
-        qrms = qq.pow(2).reshape(L, n, H, G, D).mean((1, 3)).sqrt()      # [L, H, D]: over positions and the group's query heads
+        if q_ms is None: q_ms = q[:, skip:].to(torch.float32).pow(2).mean(1)   # [L, Hq, D]
+        if not bool(torch.isfinite(q_ms).all()): raise ValueError("profile_stats: queries contain NaN or Inf")
+        qrms = q_ms.to(torch.float32).reshape(L, H, -1, D).mean(2).sqrt()   # [L, H, D]: over positions and the group's query heads
         tiny = qrms.amax(-1, keepdim=True).clamp_min(1e-30) * 1e-6
         s = (spread / qrms.clamp_min(tiny)).sqrt()
     m = s.median(-1, keepdim=True).values
@@ -251,6 +258,70 @@ def calibrate(model, # a loaded `Gemma3`
     mu, sigma = profile_stats(s.k, s.q, mode, skip, clip, floor)
     return KeyProfile(mu, sigma, identity, s.layers, source, int(ids.numel()), mode)
 
+# %% ../nbs/15_calibrate.ipynb #d8927bd9
+CAPTURE_ATTN = "hqkv_capture"   # the attention implementation `calibrate_hf` runs the model with
+
+class _KeyRecorder:
+    "Post-RoPE keys (all positions) and the sum of squared queries (positions >= skip) of chosen layers."
+    def __init__(self, layers:tuple, n:int, kv_heads:int, q_heads:int, head_dim:int, skip:int):
+        self.slot, self.skip, self.pos = {l: i for i, l in enumerate(layers)}, skip, 0
+        self.k = torch.empty(len(layers), n, kv_heads, head_dim)
+        self.q_sq = torch.zeros(len(layers), q_heads, head_dim, dtype=torch.float64)
+    def record(self, layer:int, q:Tensor, k:Tensor): # [1, Hq, T, D], [1, Hkv, S, D] (the cache's keys: the chunk's are the last T)
+        i = self.slot.get(layer)
+        if i is None: return
+        T = q.shape[2]
+        self.k[i, self.pos:self.pos + T] = k[0, :, -T:].transpose(0, 1).to(torch.float32).cpu()
+        first = max(0, self.skip - self.pos)
+        self.q_sq[i] += q[0, :, first:].to(torch.float64).pow(2).sum(1).cpu()
+
+_RECORDER = [None]   # the recorder of the run in progress (calibration is one run at a time)
+
+def _capture_attention(module, query, key, value, attention_mask, **kwargs):
+    "transformers attention function: record, then SDPA."
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    if _RECORDER[0] is not None: _RECORDER[0].record(module.layer_idx, query, key)
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+def calibrate_hf(model, # a transformers causal LM (or a `hqkv.models.load.LoadedLM`)
+                 token_ids, # 1-D token ids of the calibration text (<bos> first)
+                 identity:ModelIdentity|None=None, # default: `hf_identity(model)`
+                 source:str="", # name of the calibration text
+                 mode:str="qk", skip:int=1, clip:float=0.999, floor:float=0.05, # as `profile_stats`
+                 chunk:int=1024, # tokens per forward
+                 progress:bool|None=None, # report on stderr (None: when the run takes more than 4 chunks)
+                ) -> KeyProfile:
+    "Measure a key profile for every full-attention layer of a transformers model, chunk by chunk."
+    from transformers import AttentionInterface, DynamicCache
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from hqkv.models.load import hf_identity, geometry_of, text_config
+    model = getattr(model, "model", model) if hasattr(model, "tokenizer") else model   # a LoadedLM
+    identity = ModelIdentity(**dataclasses.asdict(hf_identity(model))) if identity is None else identity   # (this module's class)
+    if not isinstance(identity, ModelIdentity): raise TypeError(f"identity must be a ModelIdentity, got {type(identity).__name__}")
+    ids = torch.as_tensor(token_ids).reshape(-1)
+    if ids.numel() < skip + 2: raise ValueError(f"calibrate needs at least {skip + 2} tokens, got {ids.numel()}")
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1: raise ValueError(f"chunk must be a positive int, got {chunk!r}")
+    g, c = geometry_of(model.config, identity.name), text_config(model.config)   # no full-attention layer: ValueError
+    N = ids.numel()
+    rec = _KeyRecorder(g.attn_ids, N, g.kv_heads, c.num_attention_heads, g.head_dim, skip)
+    AttentionInterface.register(CAPTURE_ATTN, _capture_attention); AttentionMaskInterface.register(CAPTURE_ATTN, sdpa_mask)
+    before, t0 = model.config._attn_implementation, time.perf_counter()
+    show = (N > 4 * chunk) if progress is None else progress
+    model.set_attn_implementation(CAPTURE_ATTN); _RECORDER[0] = rec
+    try:
+        cache, dev = DynamicCache(config=model.config), next(model.parameters()).device
+        with torch.inference_mode():
+            for a in range(0, N, chunk):
+                model(input_ids=ids[None, a:a + chunk].to(dev), past_key_values=cache, use_cache=True, logits_to_keep=1)
+                rec.pos = min(N, a + chunk)
+                if show: print(f"calibrate {identity.name}: {rec.pos:,}/{N:,} tokens, {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    finally:
+        _RECORDER[0] = None; model.set_attn_implementation(before)
+    q_ms = (rec.q_sq / (N - skip)).to(torch.float32)
+    mu, sigma = profile_stats(rec.k, None, mode, skip, clip, floor, q_ms=q_ms)
+    return KeyProfile(mu, sigma, identity, g.attn_ids, source, int(N), mode)
+
+
 # %% ../nbs/15_calibrate.ipynb #7cf4b219
 PROFILE_FILES = {DEFAULT_MODEL: "key_profile_gemma-3-270m.pt"}   # model name -> shipped profile in hqkv/data
 CALIB_TEXT = DATA_DIR / "pydoc_calib.txt"                        # the text the shipped profile was measured on
@@ -261,22 +332,50 @@ def default_profile(name:str=DEFAULT_MODEL, # a model name in `PROFILE_FILES`
     if name not in PROFILE_FILES: raise ValueError(f"no key profile ships for {name!r}; shipped: {', '.join(PROFILE_FILES)} (make one with `hqkv calibrate`)")
     return KeyProfile.load(DATA_DIR / PROFILE_FILES[name])
 
+def profile_path(identity:ModelIdentity, # the model's identity
+                ) -> Path:
+    "Where `hqkv calibrate` writes a model's profile and `auto` finds it: cache_dir()/profiles/NAME-WEIGHTS12-CONFIG8.pt."
+    from hqkv.models.load import cache_dir
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", identity.name)[:64]
+    return cache_dir() / "profiles" / f"{slug}-{identity.weights_sha256[:12]}-{identity.config_sha256[:8]}.pt"
+
+def find_profile(identity:ModelIdentity) -> KeyProfile|None:
+    "The profile `auto` uses for a model: one `hqkv calibrate` wrote for it (any name), else the shipped one, else None."
+    from hqkv.models.load import cache_dir
+    for p in sorted((cache_dir() / "profiles").glob(f"*-{identity.weights_sha256[:12]}-{identity.config_sha256[:8]}.pt")):
+        prof = KeyProfile.load(p)
+        if prof.model.kind == identity.kind: return prof
+    if identity.kind == "hqkv" and identity.name in PROFILE_FILES: return default_profile(identity.name)
+    return None
+
+_WARNED = set()
+def warn_no_profile(identity:ModelIdentity, kv_format:str):
+    "Warn once per model and format that a rotated format runs without a key profile, and how to make one."
+    if (identity, kv_format) in _WARNED: return
+    _WARNED.add((identity, kv_format))
+    warnings.warn(f"NO KEY PROFILE for {identity.short()}: {kv_format} keys are coded raw, which loses far more at 2-4 bits "
+                  f"(on Qwen2.5, tbq4 without a profile: KLD > 1). Make one with `hqkv calibrate --model MODEL --text-file TEXT` "
+                  f"(written to {profile_path(identity).parent}, found by key_profile='auto'), or pass key_profile='off' to silence this.",
+                  UserWarning, stacklevel=3)
+
 def resolve_key_profile(setting, # kv.key_profile: "auto" (or None), "off", or a path to a profile file
                         kv_format:str, # the pool's format
                         identity:ModelIdentity, # the model's identity
                        ) -> KeyProfile|None:
-    "The profile a cache should use, or None: auto -> the shipped one for rotated formats; off -> none; a path -> that file."
+    "The profile a cache should use, or None: auto -> the model's profile for rotated formats (a loud warning when it has none); off -> none; a path -> that file."
     if not isinstance(identity, ModelIdentity): raise TypeError(f"identity must be a ModelIdentity, got {type(identity).__name__}")
     rotated = codec_class(kv_format).rotated                         # unknown format: ValueError listing them
     if setting is None: setting = "auto"
     if not isinstance(setting, (str, Path)): raise TypeError(f"kv.key_profile must be 'auto', 'off' or a path, got {setting!r}")
     if setting == "off": return None
     if setting == "auto":
-        if not rotated or identity.name not in PROFILE_FILES: return None
-        p = default_profile(identity.name)
+        if not rotated: return None
+        p = find_profile(identity)
+        if p is None: warn_no_profile(identity, kv_format); return None
     else: p = KeyProfile.load(setting)
     p.check_matches(identity)
     return p
+
 
 # %% ../nbs/15_calibrate.ipynb #c5bb1413
 def key_profile_for(setting, # kv.key_profile: "auto" (or None), "off", or a path
@@ -296,15 +395,14 @@ def describe_key_profile(p:KeyProfile|None) -> str:
     return "off" if p is None else p.tag
 
 # %% ../nbs/15_calibrate.ipynb #5b64fd5c
-CALIBRATE_MODELS = (DEFAULT_MODEL,)   # models `hqkv calibrate` can load
-
 def _calibrate_setup(p:argparse.ArgumentParser):
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"model to calibrate: {', '.join(CALIBRATE_MODELS)} (default: {DEFAULT_MODEL})")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"the model: {DEFAULT_MODEL} (bundled, hqkv's own forward), a packaged test model, "
+                   "a .gguf file or a transformers model directory (default: %(default)s)")
     p.add_argument("--text-file", required=True, help="UTF-8 text to run the model over (another kind of text than the one you evaluate on)")
-    p.add_argument("--out", required=True, help="where to write the profile (.pt)")
+    p.add_argument("--out", default=None, help="where to write the profile (.pt); default: the cache directory, where key_profile=auto finds it")
     p.add_argument("--tokens", type=int, default=None, help="use the first N tokens of the text (default: all of it)")
     p.add_argument("--mode", default="qk", choices=MODES, help="how sigma is chosen: qk (score-optimal, default) or std")
-    p.add_argument("--chunk", type=int, default=1024, help="prefill chunk of the capture run (default: 1024)")
+    p.add_argument("--chunk", type=int, default=1024, help="tokens per forward of the capture run (default: 1024)")
 
 def calibrate_report(prof:KeyProfile, path:Path) -> dict:
     "What `hqkv calibrate` prints, as JSON-ready data."
@@ -315,22 +413,41 @@ def calibrate_report(prof:KeyProfile, path:Path) -> dict:
                 sigma_min=[round(float(x), 5) for x in s.amin((1, 2))], sigma_median=[round(float(x), 5) for x in s.flatten(1).median(1).values],
                 sigma_max=[round(float(x), 4) for x in s.amax((1, 2))])
 
+def _first_tokens(ids:list, n:int|None, limit:int, what:str) -> list:
+    "The first `n` ids (all when None), refused beyond the model's context."
+    if n is not None:
+        if len(ids) < n: raise ValueError(f"{what} has only {len(ids)} tokens, --tokens {n} asked")
+        ids = ids[:n]
+    if len(ids) > limit: raise ValueError(f"{what} has {len(ids)} tokens, more than the model's context {limit}; pass --tokens")
+    return ids
+
+def _calibrate_own(args, text:str, tf:Path) -> KeyProfile:
+    "The bundled model through hqkv's own Gemma 3 forward (the engine's model)."
+    from hqkv.models.gemma3 import load_gemma3
+    model = load_gemma3(torch.float32)
+    ids = _first_tokens(model.tokenizer.encode(text), args.tokens, model.cfg.max_position, str(tf))
+    return calibrate(model, ids, model_identity(model, DEFAULT_MODEL), source=tf.name, mode=args.mode, chunk=args.chunk)
+
+def _calibrate_transformers(args, text:str, tf:Path) -> KeyProfile:
+    "Any transformers causal LM (a packaged name, a GGUF file, a directory)."
+    from hqkv.models.load import load_causal_lm
+    lm = load_causal_lm(args.model)
+    bos = [] if lm.bos_id is None else [lm.bos_id]
+    limit = getattr(lm.model.config.get_text_config(decoder=True), "max_position_embeddings", None) or 1 << 30
+    ids = _first_tokens(bos + lm.tokenizer.encode(text, add_special_tokens=False), args.tokens, limit, str(tf))
+    return calibrate_hf(lm.model, ids, lm.identity, source=tf.name, mode=args.mode, skip=len(bos), chunk=args.chunk, progress=None)
+
 def _calibrate_run(args) -> int:
-    if args.model not in CALIBRATE_MODELS: raise ValueError(f"unknown model {args.model!r}; calibrate supports: {', '.join(CALIBRATE_MODELS)}")
     tf = Path(args.text_file)
     if not tf.is_file(): raise ValueError(f"text file {tf} does not exist")
     if args.tokens is not None and args.tokens < 3: raise ValueError(f"--tokens must be >= 3, got {args.tokens}")
     if args.chunk < 1: raise ValueError(f"--chunk must be >= 1, got {args.chunk}")
     text = tf.read_text(encoding="utf-8")
-    from hqkv.models.gemma3 import load_gemma3
-    model = load_gemma3(torch.float32)
-    ids = model.tokenizer.encode(text)
-    if args.tokens is not None:
-        if len(ids) < args.tokens: raise ValueError(f"{tf} has only {len(ids)} tokens, --tokens {args.tokens} asked")
-        ids = ids[: args.tokens]
-    if len(ids) > model.cfg.max_position: raise ValueError(f"{tf} has {len(ids)} tokens, more than the model's context {model.cfg.max_position}; pass --tokens")
-    prof = calibrate(model, ids, model_identity(model, args.model), source=tf.name, mode=args.mode, chunk=args.chunk)
-    r = calibrate_report(prof, prof.save(args.out))
+    prof = (_calibrate_own if args.model == DEFAULT_MODEL else _calibrate_transformers)(args, text, tf)
+    out = Path(args.out) if args.out else profile_path(prof.model)
+    tmp = out.with_name(out.name + ".tmp")
+    prof.save(tmp); tmp.replace(out)                                  # whole or absent
+    r = calibrate_report(prof, out)
     if args.json: print(json.dumps(r, indent=2))
     else:
         print(f"wrote {r['out']} ({r['bytes']:,} bytes): key profile of {prof.model.short()}, layers {r['layers']}, "
@@ -340,3 +457,4 @@ def _calibrate_run(args) -> int:
     return 0
 
 register_command("calibrate", "measure a model's key profile (per-channel key mean and scale) on a text", _calibrate_setup, _calibrate_run)
+
