@@ -6,6 +6,7 @@ Docs: https://hqkv.github.io/hqkv/hf.html.md"""
 
 # %% ../nbs/70_hf.ipynb #674ce1c7
 from __future__ import annotations
+from pathlib import Path
 import torch
 from torch import Tensor
 from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
@@ -18,7 +19,7 @@ from .attention import ExactWindow, paged_prefill
 
 # %% auto #0
 __all__ = ['PAGE_TOKENS', 'ATTN_NAME', 'SeqKV', 'HQKVLayer', 'hqkv_attention', 'register_hqkv_attention', 'use_hqkv_attention',
-           'HQKVCache', 'cache_nbytes']
+           'cache_key_profile', 'HQKVCache', 'cache_nbytes']
 
 # %% ../nbs/70_hf.ipynb #134970b1
 PAGE_TOKENS = 64          # tokens per page, as in the pool
@@ -253,12 +254,32 @@ register_hqkv_attention()
 # %% ../nbs/70_hf.ipynb #582fe8d1
 _TRANSFORMERS_LAYERS = ("sliding_attention", "chunked_attention", "linear_attention", "conv", "dummy")
 
+def cache_key_profile(setting, # "auto", "off"/None, a profile file, or a `KeyProfile`
+                      model, # the transformers model (or only its config: nothing to identify, so "auto" is none)
+                      kv_format:str, # the cache's format
+                     ):
+    "The key profile an `HQKVCache` uses: auto finds the model's (`hqkv.calibrate.find_profile`), with one loud warning for a rotated format without one."
+    if setting is None or (isinstance(setting, str) and setting == "off"): return None
+    if not isinstance(setting, (str, Path)):
+        if not all(callable(getattr(setting, m, None)) for m in ("apply_keys", "restore_keys", "apply_query", "check_geometry")):
+            raise TypeError(f"HQKVCache: key_profile must be 'auto', 'off', a profile file or an hqkv.calibrate.KeyProfile, got {type(setting).__name__}")
+        if isinstance(model, PreTrainedModel) and setting.model.kind == "transformers":   # a profile of hqkv's own forward: geometry check only
+            from hqkv.models.load import hf_identity
+            setting.check_matches(hf_identity(model))
+        return setting
+    if not isinstance(model, PreTrainedModel):
+        if setting == "auto": return None
+        raise ValueError(f"HQKVCache: a key profile file needs the model (its weights identify it), not only its config: {setting}")
+    from hqkv.calibrate import resolve_key_profile
+    from hqkv.models.load import hf_identity
+    return resolve_key_profile(setting, kv_format, hf_identity(model))
+
 class HQKVCache(Cache):
     "A transformers `Cache` storing each full-attention layer's K/V in an hqkv format, with the exact window."
     def __init__(self, model, # a transformers model, or its config object
                  kv_format:str="hq-e8-2b", # any registered format (`hqkv.codec.list_codecs()`)
                  window_sinks:int=32, window_recent:int=512, # kv.window_sinks, kv.window_recent: kept exact (bf16)
-                 key_profile=None, # an `hqkv.calibrate.KeyProfile` for these full-attention layers (default: none)
+                 key_profile="auto", # "auto" (the model's profile from `hqkv calibrate`, rotated formats), "off", a file, or a `KeyProfile`
                  key_formats=None, # some full-attention layers' keys in their own format: {layer index: format} or '5=tbq3,11=tbq3'
                  **codec_opts): # passed to `get_codec` for kv_format, e.g. allow=True for tbq3 (a format named in key_formats is asked for)
         cfg = model.config if isinstance(model, PreTrainedModel) else model
@@ -279,9 +300,8 @@ class HQKVCache(Cache):
         full = tuple(i for i, t in enumerate(types) if t == "full_attention")
         kf = dict(parse_key_formats(key_formats, full, D, kv_format, "this model"))   # a layer that is not full attention: ValueError
         k_codecs = {l: get_codec(f, head_dim=D, **asked_codec_opts(f)) for l, f in kf.items()}
+        key_profile = cache_key_profile(key_profile, model, kv_format)
         if key_profile is not None:
-            if not all(callable(getattr(key_profile, m, None)) for m in ("apply_keys", "restore_keys", "apply_query", "check_geometry")):
-                raise TypeError(f"HQKVCache: key_profile must be an hqkv.calibrate.KeyProfile, got {type(key_profile).__name__}")
             key_profile.check_geometry(full, getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads, D)
         slot = {l: j for j, l in enumerate(full)}
         layers = [HQKVLayer(codec, cfg, window_sinks, window_recent, key_profile, slot[i], k_codecs.get(i)) if t == "full_attention"
