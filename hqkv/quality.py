@@ -18,9 +18,9 @@ from .fixtures import kjv_from_bible
 
 # %% auto #0
 __all__ = ['PYDOC_GLOB', 'TEXTS', 'GEOMETRY', 'codec_opts', 'NIAH_INTRO', 'NIAH_NEEDLE', 'NIAH_QUESTION', 'ORACLE', 'kjv_text',
-           'pydoc_text', 'eval_text', 'text_windows', 'KVVariant', 'ProfiledKV', 'kv_state', 'TokenScores', 'kld_eval',
-           'NeedlePrompt', 'niah_key', 'niah_prompt', 'niah_score', 'text_ids', 'run_kld', 'run_niah', 'summarize',
-           'table_markdown', 'write_table', 'eval_variants']
+           'pydoc_text', 'eval_text', 'text_windows', 'KVVariant', 'ProfiledKV', 'kv_state', 'HFTokenizer', 'HFModel',
+           'TokenScores', 'model_identity_of', 'kld_eval', 'NeedlePrompt', 'niah_key', 'niah_prompt', 'niah_score',
+           'text_ids', 'run_kld', 'run_niah', 'summarize', 'table_markdown', 'write_table', 'eval_variants']
 
 # %% ../nbs/50_quality.ipynb #137bc602
 def kjv_text()->str:
@@ -64,17 +64,17 @@ def eval_text(name:str|None=None, # one of `TEXTS`
 def text_windows(ids:list, # the text's token ids (no <bos>)
                  n_tokens:int, # tokens per window, <bos> included
                  count:int=1, # windows, one centred in each of `count` equal parts of the text
-                 bos:int=2, # <bos> id put first in every window
+                 bos:int|None=2, # <bos> id put first in every window (None: a window of text only)
                 )->list: # [(window ids, the id of the token that follows)]
     "`count` windows of `n_tokens` tokens (<bos> + text), spread evenly over the text."
     for n, v, lo in (("n_tokens", n_tokens, 2), ("count", count, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo: raise ValueError(f"{n} must be an int >= {lo}, got {v!r}")
-    L, body = len(ids), n_tokens - 1
+    L, body = len(ids), n_tokens - (bos is not None)
     if L < body + 1: raise ValueError(f"the text has {L} tokens; a window of {n_tokens} needs {body + 1} (its text tokens and the next one)")
     out = []
     for i in range(count):
         a = min(L - body - 1, max(0, (L * (2 * i + 1)) // (2 * count) - body // 2))
-        out.append(([bos] + list(ids[a:a + body]), int(ids[a + body])))
+        out.append(([bos] * (bos is not None) + list(ids[a:a + body]), int(ids[a + body])))
     return out
 
 # %% ../nbs/50_quality.ipynb #f404dd1e
@@ -137,23 +137,68 @@ class ProfiledKV:
         i = self.slot[layer]
         return self.inner.attend(layer, self.profile.apply_query(i, q).to(q.dtype), self.profile.apply_keys(i, k).to(k.dtype), v, pos, scale)
 
-def kv_state(model, # a `Gemma3`
+def kv_state(model, # a `Gemma3`, or an `HFModel`
              variant:KVVariant|None, # None: the oracle (the model's dense bf16 K/V)
              ids:list, # every token the sequence will hold (the pool is sized and admitted for them)
              profile=None, # `KeyProfile`, used when `variant.key_profile`
             ):
     "A fresh `SeqState` whose global layers keep their K/V as `variant` says: the engine's `PagedKV` (CPU path 'gather')."
     if variant is None: return model.new_state()
+    if variant.key_profile and profile is None: raise ValueError(f"{variant.name} needs a key profile")
+    if isinstance(model, HFModel): return model.state(variant, profile)
     from hqkv.pool import KVPool
     from hqkv.runner import PagedKV
     g = get_geometry(GEOMETRY)
     if tuple(g.attn_layer_ids) != tuple(model.cfg.global_layers): raise ValueError(f"the model's global layers {model.cfg.global_layers} are not {g.name}'s {g.attn_layer_ids}")
-    if variant.key_profile and profile is None: raise ValueError(f"{variant.name} needs a key profile")
     fmts = {variant.kv_format, *(f for _, f in variant.key_formats)}
     pool = KVPool(g, variant.kv_format, f"{len(ids)}tok", codec_opts={f: codec_opts(f) for f in fmts}, key_formats=variant.key_formats)
     S, R = (variant.sinks, variant.recent) if variant.window else (0, 0)
     kv = PagedKV(pool, window_sinks=S, window_recent=R, key_profile=profile if variant.key_profile else None).admit(0, ids, 0)
     return model.new_state(kv=kv)
+
+# %% ../nbs/50_quality.ipynb #a07085ba
+class HFTokenizer:
+    "A transformers tokenizer with the two calls the harness makes (`encode(text, add_bos)`, `piece(id)`)."
+    def __init__(self, tok, bos_id:int|None): self.tok, self.bos_id = tok, bos_id
+    def encode(self, text:str, add_bos:bool=True)->list:
+        "Token ids of `text`, the model's <bos> (or end-of-text) first when `add_bos`."
+        ids = self.tok.encode(text, add_special_tokens=False)
+        return ([self.bos_id] if add_bos and self.bos_id is not None else []) + list(ids)
+    def piece(self, i:int)->str: return self.tok.decode([int(i)])
+
+class HFModel:
+    "A transformers causal LM driven by the quality harness, its K/V in an `HQKVCache` per state."
+    def __init__(self, lm, # a `hqkv.models.load.LoadedLM`
+                ):
+        from types import SimpleNamespace
+        self.lm, self.model, self.identity, self.geometry = lm, lm.model, lm.identity, lm.geometry
+        self.tokenizer = HFTokenizer(lm.tokenizer, lm.bos_id)
+        c = lm.model.config.get_text_config(decoder=True)
+        self.cfg = SimpleNamespace(max_position=getattr(c, "max_position_embeddings", None) or 1 << 30, global_layers=lm.geometry.attn_ids)
+    def __repr__(self): return f"HFModel({self.identity.short()})"
+
+    def new_state(self):
+        "The oracle: bf16 rows, no window, no profile."
+        from hqkv.hf import HQKVCache
+        return HQKVCache(self.model, "bf16", window_sinks=0, window_recent=0, key_profile="off")
+
+    def state(self, variant:KVVariant, profile=None):
+        "A fresh cache that keeps the K/V as `variant` says."
+        from hqkv.hf import HQKVCache
+        S, R = (variant.sinks, variant.recent) if variant.window else (0, 0)
+        return HQKVCache(self.model, variant.kv_format, window_sinks=S, window_recent=R, key_profile=profile if variant.key_profile else "off",
+                         key_formats=dict(variant.key_formats) or None, **codec_opts(variant.kv_format))
+
+    def forward(self, states:list, chunks:list, logits="none")->list: # per state: float32 logits [n, vocab] of its chunk's last n positions (None for "none")
+        "Run each state's chunk through the model (one sequence at a time)."
+        out, dev = [], next(self.model.parameters()).device
+        n = 1 if logits == "none" else int(logits)
+        with torch.no_grad():          # not inference_mode: the harness normalises the logits in place
+            for st, ch in zip(states, chunks):
+                lg = self.model(input_ids=torch.tensor([list(ch)], device=dev), past_key_values=st, use_cache=True, logits_to_keep=n).logits[0]
+                out.append(None if logits == "none" else lg[-n:].float())
+        return out
+
 
 # %% ../nbs/50_quality.ipynb #aea98b99
 @dataclass(slots=True)
@@ -188,12 +233,19 @@ def _variants(variants)->list:
     if len({v.name for v in vs}) != len(vs): raise ValueError(f"a variant appears twice: {[v.name for v in vs]}")
     return vs
 
+def model_identity_of(model): # a `Gemma3` or an `HFModel`
+    "The identity a key profile is checked against."
+    from hqkv.calibrate import model_identity
+    return model.identity if isinstance(model, HFModel) else model_identity(model)
+
 def _profile_for(model, vs, profile):
-    "The key profile the variants need: `profile` if given, else the shipped one, checked against the model."
+    "The key profile the variants need: `profile` if given, else the model's (`hqkv.calibrate.find_profile`), checked against the model."
     if not any(v.key_profile for v in vs): return None
-    from hqkv.calibrate import default_profile, model_identity
-    p = default_profile() if profile is None else profile
-    p.check_matches(model_identity(model))
+    from hqkv.calibrate import find_profile
+    ident = model_identity_of(model)
+    p = find_profile(ident) if profile is None else profile
+    if p is None: raise ValueError(f"{next(v.name for v in vs if v.key_profile)} needs a key profile and {ident.short()} has none: run `hqkv calibrate --model ...`")
+    p.check_matches(ident)
     return p
 
 def kld_eval(model, # a `Gemma3`
@@ -317,7 +369,7 @@ def run_kld(model, # a `Gemma3`
     vs, out = _variants(variants), []
     for n in contexts:
         last = min(score_last, n)
-        for w, (ids_w, nx) in enumerate(text_windows(ids, n, windows)):
+        for w, (ids_w, nx) in enumerate(text_windows(ids, n, windows, bos=model.tokenizer.bos_id)):
             t0 = time.perf_counter()
             res = kld_eval(model, ids_w, nx, vs, chunk, None if curve else last, profile)
             dt = time.perf_counter() - t0
@@ -366,9 +418,10 @@ def _fmt_of(name:str)->tuple: # (format, per-layer key formats)
 
 def summarize(kld:list, # `run_kld` records
               niah:list=(), # `run_niah` records
+              geometry=GEOMETRY, # the model's `Geometry` (or preset name): bytes per token
              )->list: # one dict per variant
     "One row per variant: bytes per token, KLD / top-1 / delta NLL per context (mean and worst window), NIAH accuracy and margin."
-    g, rows = get_geometry(GEOMETRY), {}
+    g, rows = get_geometry(geometry), {}
     for r in list(kld) + list(niah): rows.setdefault(r["variant"], {})
     for name, row in rows.items():
         f, kf = _fmt_of(name)
@@ -428,6 +481,8 @@ def _depths(s:str)->list:
 
 def _eval_setup(p:argparse.ArgumentParser):
     p.add_argument("task", choices=("kld", "niah"), help="kld: KLD / top-1 / delta NLL against bf16 on windows of text; niah: pass-key retrieval")
+    p.add_argument("--model", default=GEOMETRY, help=f"{GEOMETRY} (bundled, hqkv's own forward and pool), a packaged test model, a .gguf file or a "
+                   "transformers model directory (through hqkv.hf.HQKVCache); default: %(default)s")
     p.add_argument("--format", default="hq-e8-2b", help="KV format(s), comma-separated (default: hq-e8-2b)")
     p.add_argument("--context", type=_ints, default=None, help="tokens per window / haystack, comma-separated (default: 4096 for kld, 2048 for niah)")
     src = p.add_mutually_exclusive_group()
@@ -435,7 +490,7 @@ def _eval_setup(p:argparse.ArgumentParser):
     src.add_argument("--text-file", default=None, help="any UTF-8 text file instead of --text")
     p.add_argument("--window-sinks", type=int, default=32, help="first tokens kept exact (kv.window_sinks; default 32)")
     p.add_argument("--window-recent", type=int, default=512, help="latest tokens kept exact (kv.window_recent; default 512; 0 0 turns the window off)")
-    p.add_argument("--key-profile", default="auto", help="auto (shipped profile for rotated formats), off, or a profile file (default: auto)")
+    p.add_argument("--key-profile", default="auto", help="auto (the model's profile from `hqkv calibrate`, or the shipped one, for rotated formats), off, or a profile file (default: auto)")
     p.add_argument("--key-formats", default=None, help="some layers' keys in their own format, e.g. '5=tbq3,11=tbq3' (kv.key_formats; default: none)")
     p.add_argument("--chunk", type=int, default=1024, help="prefill chunk (default 1024)")
     p.add_argument("--windows", type=int, default=1, help="kld: windows per context, spread over the text (default 1)")
@@ -448,16 +503,16 @@ def _eval_setup(p:argparse.ArgumentParser):
 def eval_variants(formats:str, # comma-separated format names
                   sinks:int, recent:int, # the exact window (0, 0: none)
                   key_profile, # 'auto', 'off' or a profile path
-                  model, # the `Gemma3` (its identity is checked against the profile)
+                  model, # the `Gemma3` or `HFModel` (its identity is checked against the profile)
                   key_formats=None, # per-layer key formats for every variant (kv.key_formats), e.g. '5=tbq3,11=tbq3'
                  )->tuple: # ([KVVariant], KeyProfile | None)
     "The variants `hqkv eval` measures, with the engine's rules for the window and the key profile."
-    from hqkv.calibrate import resolve_key_profile, model_identity
+    from hqkv.calibrate import resolve_key_profile
     names = [f.strip() for f in formats.split(",") if f.strip()]
     if not names: raise ValueError("no KV format given")
     for n, v in (("--window-sinks", sinks), ("--window-recent", recent)):
         if v < 0: raise ValueError(f"{n} must be >= 0, got {v}")
-    ident, vs, prof = model_identity(model), [], None
+    ident, vs, prof = model_identity_of(model), [], None
     for f in names:
         KVVariant(f)                                                  # an unknown format fails here, listing the supported ones
         p = resolve_key_profile(key_profile, f, ident)
@@ -471,24 +526,30 @@ def _eval_run(args)->int:
     name = None if args.text_file else (args.text or "kjv")
     text = eval_text(name, args.text_file)                            # fails before the model loads
     contexts = args.context or ([4096] if args.task == "kld" else [2048])
-    from hqkv.models.gemma3 import load_gemma3
-    model = load_gemma3()
+    if args.key_formats and args.model != GEOMETRY:
+        raise ValueError(f"--key-formats names layers of the bundled {GEOMETRY} (the pool's per-layer key formats); other models take one format for every layer for now")
+    if args.model == GEOMETRY:
+        from hqkv.models.gemma3 import load_gemma3
+        model, geometry = load_gemma3(), GEOMETRY
+    else:
+        from hqkv.models.load import load_causal_lm
+        model = HFModel(load_causal_lm(args.model)); geometry = model.geometry
     room = model.cfg.max_position - (6 if args.task == "niah" else 0)   # niah: the prompt is followed by 6 teacher-forced answer tokens
     if max(contexts) > room: raise ValueError(f"--context {max(contexts)} exceeds the model's context of {model.cfg.max_position}" + (" minus the 6 answer tokens" if args.task == "niah" else ""))
     vs, prof = eval_variants(args.format, args.window_sinks, args.window_recent, args.key_profile, model, args.key_formats)
     ids = model.tokenizer.encode(text, add_bos=False)
-    meta = dict(task=args.task, model=GEOMETRY, text=name or str(args.text_file), text_tokens=len(ids), contexts=contexts, chunk=args.chunk,
+    meta = dict(task=args.task, model=GEOMETRY if geometry == GEOMETRY else model.identity.short(), text=name or str(args.text_file), text_tokens=len(ids), contexts=contexts, chunk=args.chunk,
                 key_profile=None if prof is None else prof.tag, threads=torch.get_num_threads())
     t0 = time.perf_counter()
     if args.task == "kld":
         if args.score_last > min(contexts): raise ValueError(f"--score-last {args.score_last} is longer than --context {min(contexts)}")
         recs = run_kld(model, ids, contexts, args.windows, vs, args.chunk, args.score_last, prof, log=None)
         meta.update(windows=args.windows, score_last=args.score_last)
-        rows = summarize(recs)
+        rows = summarize(recs, geometry=geometry)
     else:
         recs = run_niah(model, ids, contexts, args.depths, ([] if args.no_oracle else [ORACLE]) + vs, args.trials, args.seed, args.chunk, prof, log=None)
         meta.update(depths=args.depths, trials=args.trials, seed=args.seed)
-        rows = summarize([], recs)
+        rows = summarize([], recs, geometry=geometry)
     meta["seconds"] = round(time.perf_counter() - t0, 1)
     if args.json: print(json.dumps(dict(meta=meta, rows=rows, records=recs), indent=1))
     else: print(table_markdown(rows) + "\n\n" + ", ".join(f"{k}={v}" for k, v in meta.items()))

