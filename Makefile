@@ -65,7 +65,7 @@ bench-texts:
 ## bench: the long measurements (`#| slow` cells), tables saved beside the notebooks (nbs/results/)
 bench: $(STAMP) bench-texts
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
-	$(BIN)/nbdev-test --n-workers 1 --flags slow --timing
+	$(BIN)/nbdev-test --n-workers 1 --flags slow --timing --cell-timeout 7200
 
 ## gpu-check: kernel checks + benchmarks on a GPU machine (kernels/README.md). No install: the kernels need only
 ## torch and triton, so it runs with the machine's own Python (GPU_PY) on the source tree

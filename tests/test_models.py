@@ -59,6 +59,7 @@ def test_bad_models_are_refused_and_nothing_is_written(tmp_path):
     assert not (tmp_path / "cache" / "profiles").exists() or not any((tmp_path / "cache" / "profiles").iterdir())
 
 
+@pytest.mark.model
 def test_real_smollm2_calibrate_and_eval(tmp_path):
     """SmolLM2-135M (llama, 30 layers, 3 KV heads x 64) from its pip package: a profile on 1,024 tokens of the Python
     docs, then hq-e8-2b with and without it on one 1K window of KJV Genesis (the shipped excerpt)."""

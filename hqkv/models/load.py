@@ -127,7 +127,7 @@ def hf_identity(model, # a transformers `PreTrainedModel`
                 name:str|None=None, # how messages name it (default: the name it was loaded under, else its class)
                )->ModelIdentity:
     "The identity of a transformers model (computed once per model object)."
-    if not isinstance(getattr(model, "config", None), object) or not hasattr(model, "state_dict"): raise TypeError(f"hf_identity expects a transformers model, got {type(model).__name__}")
+    if getattr(model, "config", None) is None or not hasattr(model, "state_dict"): raise TypeError(f"hf_identity expects a transformers model, got {type(model).__name__}")
     ident = getattr(model, "_hqkv_identity", None)
     if ident is None:
         ident = ModelIdentity(getattr(model, "_hqkv_name", None) or type(model).__name__, hf_config_sha256(model.config),
