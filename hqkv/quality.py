@@ -460,7 +460,7 @@ def write_table(rows:list, # `summarize` output
                )->tuple:
     "Write the results table as markdown (with the measurement notes) and JSON."
     stem = Path(stem); stem.parent.mkdir(parents=True, exist_ok=True)
-    md = stem.with_suffix(".md"); js = stem.with_suffix(".json")
+    md, js = stem.parent / (stem.name + ".md"), stem.parent / (stem.name + ".json")   # not with_suffix: a name may hold dots ("qwen2.5")
     notes = "\n".join(f"- {k}: {v}" for k, v in meta.items())
     md.write_text(table_markdown(rows) + "\n\n" + notes + "\n")
     js.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1, default=str) + "\n")
