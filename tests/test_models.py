@@ -77,3 +77,8 @@ def test_real_smollm2_calibrate_and_eval(tmp_path):
     assert out["meta"]["key_profile"].startswith("qk/1024tok"), out["meta"]
     row = out["rows"][0]
     assert row["variant"] == "hq-e8-2b+profile+window" and 0 <= row["kld"]["1024"] < 1, row
+    r = run(["eval", "niah", "--model", "smollm2-135m", "--format", "hq-e8-2b", "--text", "kjv-excerpt", "--context", "1024",
+             "--depths", "0.5", "--chunk", "256", "--window-sinks", "4", "--window-recent", "64", "--json"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    cells = {c["variant"]: c for c in json.loads(r.stdout)["records"]}
+    assert set(cells) == {"bf16 (oracle)", "hq-e8-2b+profile+window:4:64"} and all(len(c["key"]) == 7 for c in cells.values()), cells
