@@ -283,7 +283,7 @@ def _capture_attention(module, query, key, value, attention_mask, **kwargs):
     if _RECORDER[0] is not None: _RECORDER[0].record(module.layer_idx, query, key)
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
-def calibrate_hf(model, # a transformers causal LM (or a `hqkv.models.load.LoadedLM`)
+def calibrate_hf(model, # a transformers causal LM (`LoadedLM.model`, or one you loaded)
                  token_ids, # 1-D token ids of the calibration text (<bos> first)
                  identity:ModelIdentity|None=None, # default: `hf_identity(model)`
                  source:str="", # name of the calibration text
@@ -295,7 +295,6 @@ def calibrate_hf(model, # a transformers causal LM (or a `hqkv.models.load.Loade
     from transformers import AttentionInterface, DynamicCache
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
     from hqkv.models.load import hf_identity, geometry_of, text_config
-    model = getattr(model, "model", model) if hasattr(model, "tokenizer") else model   # a LoadedLM
     identity = ModelIdentity(**dataclasses.asdict(hf_identity(model))) if identity is None else identity   # (this module's class)
     if not isinstance(identity, ModelIdentity): raise TypeError(f"identity must be a ModelIdentity, got {type(identity).__name__}")
     ids = torch.as_tensor(token_ids).reshape(-1)
@@ -348,6 +347,7 @@ def find_profile(identity:ModelIdentity) -> KeyProfile|None:
     if identity.kind == "hqkv" and identity.name in PROFILE_FILES: return default_profile(identity.name)
     return None
 
+# %% ../nbs/15_calibrate.ipynb #03c984be
 _WARNED = set()
 def warn_no_profile(identity:ModelIdentity, kv_format:str):
     "Warn once per model and format that a rotated format runs without a key profile, and how to make one."
@@ -375,7 +375,6 @@ def resolve_key_profile(setting, # kv.key_profile: "auto" (or None), "off", or a
     else: p = KeyProfile.load(setting)
     p.check_matches(identity)
     return p
-
 
 # %% ../nbs/15_calibrate.ipynb #c5bb1413
 def key_profile_for(setting, # kv.key_profile: "auto" (or None), "off", or a path
@@ -413,6 +412,7 @@ def calibrate_report(prof:KeyProfile, path:Path) -> dict:
                 sigma_min=[round(float(x), 5) for x in s.amin((1, 2))], sigma_median=[round(float(x), 5) for x in s.flatten(1).median(1).values],
                 sigma_max=[round(float(x), 4) for x in s.amax((1, 2))])
 
+# %% ../nbs/15_calibrate.ipynb #f26663f4
 def _first_tokens(ids:list, n:int|None, limit:int, what:str) -> list:
     "The first `n` ids (all when None), refused beyond the model's context."
     if n is not None:
@@ -433,8 +433,7 @@ def _calibrate_transformers(args, text:str, tf:Path) -> KeyProfile:
     from hqkv.models.load import load_causal_lm
     lm = load_causal_lm(args.model)
     bos = [] if lm.bos_id is None else [lm.bos_id]
-    limit = getattr(lm.model.config.get_text_config(decoder=True), "max_position_embeddings", None) or 1 << 30
-    ids = _first_tokens(bos + lm.tokenizer.encode(text, add_special_tokens=False), args.tokens, limit, str(tf))
+    ids = _first_tokens(bos + lm.tokenizer.encode(text, add_special_tokens=False), args.tokens, lm.max_position, str(tf))
     return calibrate_hf(lm.model, ids, lm.identity, source=tf.name, mode=args.mode, skip=len(bos), chunk=args.chunk, progress=None)
 
 def _calibrate_run(args) -> int:
@@ -457,4 +456,3 @@ def _calibrate_run(args) -> int:
     return 0
 
 register_command("calibrate", "measure a model's key profile (per-channel key mean and scale) on a text", _calibrate_setup, _calibrate_run)
-

@@ -16,6 +16,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from .codec import Codec, get_codec, asked_codec_opts
 from .sizing import parse_key_formats
 from .attention import ExactWindow, paged_prefill
+from .models.load import head_dim_of
 
 # %% auto #0
 __all__ = ['PAGE_TOKENS', 'ATTN_NAME', 'SeqKV', 'HQKVLayer', 'hqkv_attention', 'register_hqkv_attention', 'use_hqkv_attention',
@@ -274,6 +275,7 @@ def cache_key_profile(setting, # "auto", "off"/None, a profile file, or a `KeyPr
     from hqkv.models.load import hf_identity
     return resolve_key_profile(setting, kv_format, hf_identity(model))
 
+# %% ../nbs/70_hf.ipynb #a4d58b6e
 class HQKVCache(Cache):
     "A transformers `Cache` storing each full-attention layer's K/V in an hqkv format, with the exact window."
     def __init__(self, model, # a transformers model, or its config object
@@ -294,7 +296,7 @@ class HQKVCache(Cache):
                              "so there is nothing to store in an hqkv format; use transformers' DynamicCache")
         bad = sorted(set(types) - {"full_attention", *_TRANSFORMERS_LAYERS})
         if bad: raise ValueError(f"HQKVCache: unsupported layer types {bad}; supported: full_attention (hqkv) and {list(_TRANSFORMERS_LAYERS)}")
-        D = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        D = head_dim_of(cfg)
         try: codec = get_codec(kv_format, head_dim=D, **codec_opts)
         except ValueError as e: raise ValueError(f"HQKVCache: cannot store this model's K/V (head_dim {D}) as {kv_format!r}: {e}") from e
         full = tuple(i for i, t in enumerate(types) if t == "full_attention")

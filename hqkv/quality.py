@@ -173,8 +173,7 @@ class HFModel:
         from types import SimpleNamespace
         self.lm, self.model, self.identity, self.geometry = lm, lm.model, lm.identity, lm.geometry
         self.tokenizer = HFTokenizer(lm.tokenizer, lm.bos_id)
-        c = lm.model.config.get_text_config(decoder=True)
-        self.cfg = SimpleNamespace(max_position=getattr(c, "max_position_embeddings", None) or 1 << 30, global_layers=lm.geometry.attn_ids)
+        self.cfg = SimpleNamespace(max_position=lm.max_position, global_layers=lm.geometry.attn_ids)
     def __repr__(self): return f"HFModel({self.identity.short()})"
 
     def new_state(self):

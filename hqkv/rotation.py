@@ -49,6 +49,7 @@ def dct_matrix(m:int)->Tensor: # float32 [m, m], orthonormal
     c[0] = 1 / math.sqrt(m)
     return c.to(torch.float32)
 
+# %% ../nbs/01_rotation.ipynb #4cd120b2
 class RandomHadamard:
     "Seeded randomized Hadamard rotation x -> (H ⊗ C)·diag(s)·x along the last dimension (C = [1] when dim is a power of two)."
     def __init__(self,
@@ -103,7 +104,6 @@ class RandomHadamard:
         return self.forward(torch.eye(self.dim)).T.contiguous()
 
     def __repr__(self): return f"RandomHadamard(dim={self.dim}, seed={self.seed})"
-
 
 # %% ../nbs/01_rotation.ipynb #f8fea7d5
 def outlier_stats(x:Tensor, # [..., dim] vectors (e.g. keys of one layer and head over many tokens)

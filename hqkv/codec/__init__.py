@@ -23,6 +23,7 @@ def describe_dims(dims) -> str:
     if len(d) > 3 and len({b - a for a, b in zip(d, d[1:])}) == 1: return f"{d[0]}..{d[-1]} in steps of {d[1] - d[0]}"
     return str(d)
 
+# %% ../../nbs/10_codec.base.ipynb #12b41bee
 class Codec:
     "Base class of a KV format: `encode` float [..., head_dim] -> uint8 [..., row_bytes]; `decode` back to float32."
     name: str = ""                       # registry name, e.g. "hq-e8-2b"

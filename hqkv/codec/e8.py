@@ -191,6 +191,7 @@ def quarter_groups(head_dim:int, # D, a multiple of 8
     b = [-(-q * G // quarters) for q in range(quarters + 1)]
     return tuple((b[q], b[q + 1]) for q in range(quarters))
 
+# %% ../../nbs/13_codec.e8.ipynb #9e299a1e
 @register_codec
 class HQE8(Codec):
     "hq-e8-2b: randomized Hadamard rotation over the head, D/8 E8P codewords (16 bit) and 4 bf16 quarter scales."
@@ -212,6 +213,7 @@ class HQE8(Codec):
 
     def _reduce(self, t:Tensor, op, per:int=8)->Tensor:
         "op(t[:, quarter], -1) for each quarter of t [n, D] (per=8 values a group) or [n, D/8] (per=1: one per group) -> [n, Q]."
+        if self.head_dim % (8 * self.quarters) == 0: return op(t.reshape(t.shape[0], self.quarters, -1), -1)   # equal quarters: one op
         return torch.stack([op(t[:, a * per : b * per], -1) for a, b in self.quarter_groups], 1)
 
     def _per_quarter(self, t:Tensor, s:Tensor, op)->Tensor:
@@ -259,4 +261,3 @@ class HQE8(Codec):
         c = _tables(rows.device)["grid4"].index_select(0, idx).reshape(n, D).to(torch.float32)   # int8 table: 4x less to read
         s = rows[:, D // 4:].contiguous().view(torch.bfloat16).to(torch.float32) * 0.25   # (4 grid) (s / 4) = grid s, bit for bit
         return self._per_quarter(c, s, torch.mul)
-

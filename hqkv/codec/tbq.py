@@ -99,6 +99,7 @@ def tbq_block(head_dim:int)->int: # values per block
     small = [b for b in divs if b <= BLOCK]
     return small[-1] if small and small[-1] >= 64 else divs[-1]
 
+# %% ../../nbs/12_codec.tbq.ipynb #b87d0cff
 class TBQCodec(Codec):
     "Rotated scalar Lloyd-Max format: per block (128 values, or `tbq_block(D)`) one fp16 scale and `bits`-bit centroid indices after a block RHT."
     bits: int = 4                        # index width (set by each format)

@@ -171,6 +171,10 @@ class LoadedLM:
     @property
     def name(self)->str: return self.identity.name
     @property
+    def max_position(self)->int:
+        "The longest sequence the model takes (its `max_position_embeddings`; unbounded when the config has none)."
+        return getattr(text_config(self.model.config), "max_position_embeddings", None) or 1 << 30
+    @property
     def bos_id(self)->int|None:
         "The id that starts a document (<bos>, else the end-of-text token), or None."
         t = self.tokenizer
