@@ -44,17 +44,18 @@ class Geometry:
     attn_layers: int            # layers that keep a per-token KV cache (full/global attention): the pool's layers
     kv_heads: int               # KV heads per attention layer
     head_dim: int               # values per head vector
-    window_layers: int = 0      # sliding-window layers: a fixed bf16 ring of `window` tokens per sequence
+    window_layers: int = 0      # sliding-window layers: a fixed exact ring of `window` tokens per sequence
     window: int = 0             # tokens in each sliding-window ring
     linear_layers: int = 0      # linear-attention layers (e.g. Gated DeltaNet) with a fixed recurrent state
     linear_state_bytes: int = 0 # that state for one layer and one sequence, in bytes
     attn_layer_ids: tuple = ()  # indices of the attention layers, when known
     note: str = ""              # where the numbers come from, and what the preset leaves out
+    ring_value_bytes: int = WINDOW_BYTES_PER_VALUE  # bytes per ring value: the model's dtype (bf16 for the seed's models)
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name: raise ValueError(f"Geometry.name must be a non-empty str, got {self.name!r}")
         for f in ("layers", "attn_layers", "kv_heads", "head_dim"): _check_int(f"{self.name}: {f}", getattr(self, f), 1)
-        for f in ("window_layers", "window", "linear_layers", "linear_state_bytes"): _check_int(f"{self.name}: {f}", getattr(self, f), 0)
+        for f in ("window_layers", "window", "linear_layers", "linear_state_bytes", "ring_value_bytes"): _check_int(f"{self.name}: {f}", getattr(self, f), 0)
         kinds = self.attn_layers + self.window_layers + self.linear_layers
         if kinds != self.layers:
             raise ValueError(f"{self.name}: attn_layers + window_layers + linear_layers = {kinds}, but layers = {self.layers}; every layer is exactly one kind")
@@ -78,8 +79,8 @@ class Geometry:
         return 2 * self.attn_layers * self.kv_heads * self.head_dim
     @property
     def window_bytes(self) -> int:
-        "Bytes of one sequence's sliding-window rings (all window layers, K and V, bf16)."
-        return self.window_layers * self.window * 2 * self.kv_heads * self.head_dim * WINDOW_BYTES_PER_VALUE
+        "Bytes of one sequence's sliding-window rings (all window layers, K and V, `ring_value_bytes` each)."
+        return self.window_layers * self.window * 2 * self.kv_heads * self.head_dim * self.ring_value_bytes
     @property
     def state_bytes(self) -> int:
         "Fixed bytes one sequence holds outside the pool: window rings plus linear-attention state."
@@ -101,10 +102,11 @@ def gdn_state_bytes(v_heads:int,         # linear_num_value_heads
                     conv_kernel:int,     # linear_conv_kernel_dim
                     state_bytes:int=4,   # bytes per recurrent-state value (float32)
                     conv_bytes:int=2,    # bytes per conv-state value (bf16)
+                    conv_tokens:int|None=None, # conv tail kept per sequence (default conv_kernel - 1; transformers keeps conv_kernel)
                    ) -> int:
     "Fixed per-sequence state of one Gated DeltaNet layer: recurrent matrices plus the causal-conv tail."
     recurrent = v_heads * k_head_dim * v_head_dim * state_bytes
-    conv = (conv_kernel - 1) * (2 * k_heads * k_head_dim + v_heads * v_head_dim) * conv_bytes
+    conv = (conv_kernel - 1 if conv_tokens is None else conv_tokens) * (2 * k_heads * k_head_dim + v_heads * v_head_dim) * conv_bytes
     return recurrent + conv
 
 # %% ../nbs/00_sizing.ipynb #f846eb7b

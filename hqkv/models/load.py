@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 import torch
 from ..calibrate import ModelIdentity, DEFAULT_MODEL
-from ..sizing import Geometry
+from ..sizing import Geometry, gdn_state_bytes
 
 
 # %% auto #0
-__all__ = ['PACKAGED_MODELS', 'TINY_WORDS', 'cache_dir', 'ModelUnavailable', 'PackagedModel', 'fetch_model', 'text_config',
-           'hf_config_sha256', 'weights_sha256', 'hf_identity', 'head_dim_of', 'geometry_of', 'LoadedLM',
+__all__ = ['PACKAGED_MODELS', 'TINY_WORDS', 'TINY_ARCHS', 'cache_dir', 'ModelUnavailable', 'PackagedModel', 'fetch_model',
+           'text_config', 'hf_config_sha256', 'weights_sha256', 'hf_identity', 'head_dim_of', 'geometry_of', 'LoadedLM',
            'load_causal_lm', 'write_tiny_model']
 
 # %% ../../nbs/16_models.load.ipynb #28647fc5
@@ -144,20 +144,24 @@ def head_dim_of(config)->int:
 
 def geometry_of(config, # a transformers config
                 name:str="model", # the geometry's name
+                dtype:torch.dtype=torch.bfloat16, # the model's dtype: its sliding rings and linear-attention conv tails hold it
                )->Geometry:
-    "The `hqkv.sizing.Geometry` of a transformers model: full-attention layers in the pool, sliding-window layers as rings."
+    "The `hqkv.sizing.Geometry` of a transformers model: full-attention layers in the pool, sliding-window rings and linear-attention states per sequence."
     c = text_config(config)
     n = c.num_hidden_layers
     types = list(getattr(c, "layer_types", None) or ["full_attention"] * n)
-    other = sorted(set(types) - {"full_attention", "sliding_attention"})
-    if other: raise ValueError(f"{name}: layer types {other} are not sized by hqkv yet (only full_attention and sliding_attention)")
+    other = sorted(set(types) - {"full_attention", "sliding_attention", "linear_attention"})
+    if other: raise ValueError(f"{name}: layer types {other} are not sized by hqkv yet (only full_attention, sliding_attention and linear_attention)")
     full = tuple(i for i, t in enumerate(types) if t == "full_attention")
     if not full: raise ValueError(f"{name}: the model has no full-attention layers (layer types: {sorted(set(types))}), so there is nothing for the pool to hold")
-    win = n - len(full)
+    win, lin = types.count("sliding_attention"), types.count("linear_attention")
+    vb = torch.empty(0, dtype=dtype).element_size()
+    lin_bytes = 0 if not lin else gdn_state_bytes(   # transformers keeps the whole conv kernel's tail and a float32 recurrent state
+        c.linear_num_value_heads, c.linear_num_key_heads, c.linear_key_head_dim, c.linear_value_head_dim, c.linear_conv_kernel_dim,
+        state_bytes=4, conv_bytes=vb, conv_tokens=c.linear_conv_kernel_dim)
     return Geometry(name, layers=n, attn_layers=len(full), kv_heads=getattr(c, "num_key_value_heads", None) or c.num_attention_heads,
-                    head_dim=head_dim_of(c), window_layers=win, window=(c.sliding_window or 0) if win else 0, attn_layer_ids=full,
-                    note=f"from the {c.model_type} config")
-
+                    head_dim=head_dim_of(c), window_layers=win, window=(c.sliding_window or 0) if win else 0, linear_layers=lin,
+                    linear_state_bytes=lin_bytes, attn_layer_ids=full, ring_value_bytes=vb, note=f"from the {c.model_type} config")
 
 # %% ../../nbs/16_models.load.ipynb #63f478f9
 @dataclass(slots=True)
@@ -209,28 +213,43 @@ def load_causal_lm(spec, # a name, a .gguf file or a model directory
     except (OSError, ValueError, KeyError) as e:
         raise ValueError(f"transformers cannot load {name} from {d / gguf if gguf else d} as a causal LM: {type(e).__name__}: {e}") from e
     model._hqkv_name = name
-    return LoadedLM(model, tok, hf_identity(model), geometry_of(model.config, name), str(d / gguf if gguf else d))
+    return LoadedLM(model, tok, hf_identity(model), geometry_of(model.config, name, dtype), str(d / gguf if gguf else d))
 
 
 # %% ../../nbs/16_models.load.ipynb #d09ab1e0
 TINY_WORDS = ("<unk> <s> </s> the and of to in that he shall unto for his a they be is him not them it with all thou thy "
               "was god which my me said but ye their have will when from").split()
 
+_HYBRID = dict(layer_types=["linear_attention"] * 3 + ["full_attention"], linear_num_value_heads=4, linear_num_key_heads=2,
+               linear_key_head_dim=32, linear_value_head_dim=32, linear_conv_kernel_dim=4)
+TINY_ARCHS = {  # arch -> (config class, model class, what differs from the base config); 4 layers, 4 query heads, 2 KV heads x 64
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(sliding_window=16, query_pre_attn_scalar=64)),     # sliding/full alternate; logits soft-capped
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(sliding_window=16, query_pre_attn_scalar=64, layer_types=["sliding_attention", "full_attention"] * 2)),
+    "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", _HYBRID),                                        # Gated DeltaNet x 3 + full attention
+}
+
 def write_tiny_model(d, # the directory to write (created)
                      seed:int=0, # weight seed
-                     **config, # LlamaConfig overrides (e.g. layer_types)
+                     arch:str="llama", # one of `TINY_ARCHS`
+                     **config, # config overrides (e.g. layer_types)
                     )->Path:
-    "A random 2-layer Llama (2 heads, 1 KV head x 64) and a word-level tokenizer over `TINY_WORDS` + w0..w63, in the transformers layout."
+    "A random small decoder of `arch` (llama: 2 layers, 2 heads, 1 KV head x 64; others: 4 layers, 2 KV heads x 64) and a word-level tokenizer over `TINY_WORDS` + w0..w63, in the transformers layout."
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    import transformers
+    if arch not in TINY_ARCHS: raise ValueError(f"unknown tiny architecture {arch!r}; choose one of {', '.join(TINY_ARCHS)}")
     words = list(TINY_WORDS) + [f"w{i}" for i in range(128 - len(TINY_WORDS))]
     tk = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.Whitespace()
     d = Path(d); d.mkdir(parents=True, exist_ok=True)
-    PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", unk_token="<unk>").save_pretrained(d)
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", unk_token="<unk>").save_pretrained(d)
     torch.manual_seed(seed)
-    cfg = dict(vocab_size=len(words), hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
-               num_key_value_heads=1, head_dim=64, max_position_embeddings=2048, bos_token_id=1, eos_token_id=2) | config
-    LlamaForCausalLM(LlamaConfig(**cfg)).eval().save_pretrained(d)
+    conf, cls, extra = TINY_ARCHS[arch]
+    base = dict(vocab_size=len(words), hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+                num_key_value_heads=1, head_dim=64, max_position_embeddings=2048, bos_token_id=1, eos_token_id=2)
+    if arch != "llama": base |= dict(num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, pad_token_id=0)
+    getattr(transformers, cls)(getattr(transformers, conf)(**(base | extra | config))).eval().save_pretrained(d)
     return d
-
