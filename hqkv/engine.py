@@ -487,7 +487,7 @@ def _generate_run(a) -> int:
     rates = _rates(r)
     if a.json:
         print(json.dumps(dict(text=r.text, tokens=r.output_ids, finish_reason=r.finish_reason, seed=r.seed, reused_tokens=r.reused_tokens,
-                              **rates, kv_format=cfg.kv_format, key_profile=eng.key_profile, plan=eng.plan.as_dict(), config=cfg.as_dict(),
+                              **rates, model=eng.lm.name, kv_format=cfg.kv_format, key_profile=eng.key_profile, plan=eng.plan.as_dict(), vram_plan=eng.plan_line(), config=cfg.as_dict(),
                               sources={f"{t}.{k}": cfg.sources[f] for f, (t, k) in CONFIG_KEYS.items()}, metrics=eng.metrics()), indent=1))
     else:
         print()

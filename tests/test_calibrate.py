@@ -57,7 +57,8 @@ def test_runner_profile_end_to_end():
         else:
             paged = PagedKV(KVPool("gemma-3-270m", "hq-e8-2b", f"{N}tok"), window_sinks=8, window_recent=64, attn="gather",
                             key_profile=dp if kind == "profile" else None)
-            view = paged.admit(0, ids, 0)
+            paged.admit(0, ids, 0)
+            view = paged.view(0)
             st = m.new_state(kv=ByHand(view) if kind == "by hand" else view)
         for a in range(0, N - C, C): m.forward([st], [ids[a:a + C]], logits="none")
         return torch.log_softmax(m.forward([st], [ids[N - C:]], logits=C)[0], -1)

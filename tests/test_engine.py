@@ -20,8 +20,8 @@ def test_generate_json_settings_from_flag_env_and_file(tmp_path):
     assert r.returncode == 0, r.stderr
     j = json.loads(r.stdout)
     assert len(j["tokens"]) == 3 and j["finish_reason"] == "length" and j["text"]
-    assert j["config"] == {"model.kv_format": "bf16", "vram.kv_pool_bytes": "2Ktok", "engine.max_context": 256, "engine.prefill_chunk": 1024,
-                           "engine.max_batch": 8, "engine.device": "cpu", "engine.dtype": "float32", "engine.attn": None,
+    assert j["config"] == {"model.path": "gemma-3-270m", "model.kv_format": "bf16", "vram.kv_pool_bytes": "2Ktok", "engine.max_context": 256, "engine.prefill_chunk": 1024,
+                           "engine.max_batch": 8, "engine.policy": "decode-first", "engine.device": "cpu", "engine.dtype": "float32", "engine.attn": None,
                            "kv.window_sinks": 8, "kv.window_recent": 64, "kv.key_profile": "auto", "kv.key_formats": ""}
     assert j["sources"]["model.kv_format"] == "flag" and j["sources"]["vram.kv_pool_bytes"] == "env HQKV_VRAM_KV_POOL_BYTES"
     assert j["sources"]["engine.max_context"].startswith("file ") and j["sources"]["engine.prefill_chunk"] == "default"
@@ -53,17 +53,20 @@ def test_generate_errors(args, msg):
 @pytest.fixture(scope="module")
 def model():
     torch.set_num_threads(1)
-    from hqkv.models.gemma3 import load_gemma3
-    return load_gemma3()
+    from hqkv.engine import load_model
+    return load_model("gemma-3-270m")
 
 def test_reference_backend_batched_equals_alone(model):
-    "The engine on the oracle attention (hqkv.attention, page by page) gives the model's greedy tokens, batched or not."
+    "The engine on the oracle attention (hqkv.attention, page by page) gives transformers' greedy tokens, batched or not."
     from hqkv.engine import Engine
+    from hqkv.models.load import load_causal_lm
+    from hqkv.model_runner import reference_greedy
     eng = Engine(model=model, kv_format="bf16", kv_pool_bytes="2Ktok", max_context=256, prefill_chunk=64, attn="ref")
     assert eng.paged.attn == "ref"
-    prompts = ["Once upon a time", "def fibonacci(n):", "The capital of France is"]
-    alone = [model.greedy(model.tokenizer.encode(p), 4) for p in prompts]
-    assert [r.output_ids for r in eng.generate(prompts, max_new_tokens=4)] == alone
+    prompts = [eng.encode(p) for p in ("Once upon a time", "def fibonacci(n):", "The capital of France is")]
+    hf = load_causal_lm("gemma-3-270m").model
+    alone = [reference_greedy(hf, p, 4) for p in prompts]
+    assert [r.output_ids for r in eng.generate(prompts, max_new_tokens=4, stop=set())] == alone
     eng.pool.check_integrity()
 
 def test_cancel_mid_prefill_frees_pages_and_engine_goes_on(model):

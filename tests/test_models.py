@@ -82,3 +82,43 @@ def test_real_smollm2_calibrate_and_eval(tmp_path):
     assert r.returncode == 0, r.stderr
     cells = {c["variant"]: c for c in json.loads(r.stdout)["records"]}
     assert set(cells) == {"bf16 (oracle)", "hq-e8-2b+profile+window:4:64"} and all(len(c["key"]) == 7 for c in cells.values()), cells
+
+
+def test_generate_any_decoder_hybrid_plan_line(tmp_path):
+    """`hqkv generate --model DIR` on a tiny Qwen3.5 hybrid (three Gated DeltaNet layers, one full-attention layer): bf16 pages give
+    transformers' own greedy tokens, and the plan prices the pool's pages beside the fixed state per lane (the exact window plus the
+    linear-attention states), as `hqkv.sizing` does."""
+    from hqkv.models.load import write_tiny_model, load_causal_lm
+    from hqkv.model_runner import reference_greedy
+    from hqkv.sizing import plan
+    d = write_tiny_model(tmp_path / "tiny-hybrid", arch="qwen3_5")
+    r = run(["generate", "the and of the god", "--model", str(d), "--format", "bf16", "--budget", "2Ktok", "--context", "512",
+             "--max-tokens", "8", "--window-sinks", "4", "--window-recent", "64", "--json"], tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    lm = load_causal_lm(d)
+    prompt = lm.tokenizer("the and of the god")["input_ids"]
+    assert j["tokens"] == reference_greedy(lm.model, prompt, 8)[:len(j["tokens"])] and j["config"]["model.path"] == str(d)
+    p = plan(lm.geometry, "bf16", "2Ktok", context=512, exact_tokens=68)
+    assert j["plan"]["state_bytes"] == p.state_bytes == lm.geometry.state_bytes + 68 * 2 * 1 * 2 * 64 * 2    # linear states + window (1 layer, 2 KV heads)
+    line = j["vram_plan"]
+    assert line.startswith(p.line()) and f"state_per_lane={p.state_bytes} lanes=8 model=tiny-hybrid " in line, line
+
+
+@pytest.mark.model
+def test_real_smollm2_generate_matches_transformers(tmp_path):
+    "`hqkv generate --model smollm2-135m` with bf16 pages: transformers' own greedy tokens on a 500-token prompt."
+    from hqkv.models.load import fetch_model, ModelUnavailable, load_causal_lm
+    from hqkv.model_runner import reference_greedy
+    try: fetch_model("smollm2-135m")
+    except ModelUnavailable as e: pytest.skip(str(e))
+    lm = load_causal_lm("smollm2-135m")
+    text = lm.tokenizer.decode(lm.tokenizer(TEXT.read_text())["input_ids"][:500])
+    p = subprocess.run(CLI + ["generate", "--file", "-", "--model", "smollm2-135m", "--format", "bf16", "--budget", "4Ktok", "--context", "1024",
+                              "--max-tokens", "16", "--json"], input=text, capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"))
+    assert p.returncode == 0, p.stderr
+    j = json.loads(p.stdout)
+    ids = lm.tokenizer(text)["input_ids"]
+    assert j["tokens"] == reference_greedy(lm.model, ids, 16)[:len(j["tokens"])] and len(j["tokens"]) >= 1
+    assert "model=smollm2-135m" in j["vram_plan"]

@@ -17,7 +17,7 @@ from ..sizing import Geometry, gdn_state_bytes
 # %% auto #0
 __all__ = ['PACKAGED_MODELS', 'TINY_WORDS', 'TINY_ARCHS', 'cache_dir', 'ModelUnavailable', 'PackagedModel', 'fetch_model',
            'text_config', 'hf_config_sha256', 'weights_sha256', 'hf_identity', 'head_dim_of', 'geometry_of', 'LoadedLM',
-           'load_causal_lm', 'write_tiny_model']
+           'converted_dir', 'load_causal_lm', 'write_tiny_model']
 
 # %% ../../nbs/16_models.load.ipynb #28647fc5
 def cache_dir()->Path:
@@ -199,22 +199,54 @@ def _resolve_spec(spec)->tuple: # (name, directory, gguf file name or None)
     raise ValueError(f"model {s!r} is not the bundled model ({DEFAULT_MODEL}), a packaged one ({', '.join(PACKAGED_MODELS)}), "
                      "a .gguf file, or a directory with config.json and safetensors")
 
+def converted_dir(gguf:Path)->Path:
+    "Where `load_causal_lm` keeps a GGUF file's transformers conversion (keyed by its name, size, first and last MiB, and the transformers version)."
+    import transformers
+    gguf, h = Path(gguf), hashlib.sha256()
+    size = gguf.stat().st_size
+    with open(gguf, "rb") as f:
+        h.update(f.read(1 << 20)); f.seek(max(0, size - (1 << 20))); h.update(f.read())
+    h.update(f"{gguf.name}:{size}:{transformers.__version__}".encode())
+    return cache_dir() / "models" / "converted" / f"{gguf.stem}-{h.hexdigest()[:16]}"
+
+def _from_gguf(d:Path, gguf:str, name:str)->Path:
+    "The directory of `d/gguf` converted to the transformers layout (fp32 weights, fast tokenizer), converting it the first time."
+    out = converted_dir(d / gguf)
+    if (out / "config.json").is_file(): return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    print(f"hqkv: converting {name} from GGUF to {out} (once; transformers dequantises it)", file=sys.stderr)
+    try:
+        tok = AutoTokenizer.from_pretrained(d, gguf_file=gguf)
+        model = AutoModelForCausalLM.from_pretrained(d, gguf_file=gguf, dtype=torch.float32)
+    except (OSError, ValueError, KeyError) as e:
+        raise ValueError(f"transformers cannot load {name} from {d / gguf} as a causal LM: {type(e).__name__}: {e}") from e
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-"))
+    try:
+        model.hf_quantizer = None                     # transformers marks a GGUF load "quantized"; its weights are plain fp32 tensors
+        if hasattr(model.config, "quantization_config"): del model.config.quantization_config
+        tok.save_pretrained(tmp); model.save_pretrained(tmp)
+        tmp.rename(out)                             # whole or not at all (a concurrent converter may have won: keep theirs)
+    except OSError:
+        if not (out / "config.json").is_file(): raise
+    finally: shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
 def load_causal_lm(spec, # a name, a .gguf file or a model directory
                    dtype:torch.dtype=torch.float32, # compute dtype
                    device="cpu",
                   )->LoadedLM:
-    "Load any transformers causal LM with its tokenizer, identity and geometry."
+    "Load any transformers causal LM with its tokenizer, identity and geometry (a GGUF file through its cached conversion)."
     name, d, gguf = _resolve_spec(spec)
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    kw = {"gguf_file": gguf} if gguf else {}
+    src = _from_gguf(d, gguf, name) if gguf else d
     try:
-        tok = AutoTokenizer.from_pretrained(d, **kw)
-        model = AutoModelForCausalLM.from_pretrained(d, dtype=dtype, **kw).to(device).eval()
+        tok = AutoTokenizer.from_pretrained(src)
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype).to(device).eval()
     except (OSError, ValueError, KeyError) as e:
-        raise ValueError(f"transformers cannot load {name} from {d / gguf if gguf else d} as a causal LM: {type(e).__name__}: {e}") from e
+        raise ValueError(f"transformers cannot load {name} from {src} as a causal LM: {type(e).__name__}: {e}") from e
     model._hqkv_name = name
     return LoadedLM(model, tok, hf_identity(model), geometry_of(model.config, name, dtype), str(d / gguf if gguf else d))
-
 
 # %% ../../nbs/16_models.load.ipynb #d09ab1e0
 TINY_WORDS = ("<unk> <s> </s> the and of to in that he shall unto for his a they be is him not them it with all thou thy "
