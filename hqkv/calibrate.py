@@ -6,7 +6,7 @@ Docs: https://hqkv.github.io/hqkv/calibrate.html.md"""
 
 # %% ../nbs/15_calibrate.ipynb #92f2d094
 from __future__ import annotations
-import argparse, dataclasses, hashlib, json, math, re, sys, time, warnings
+import argparse, dataclasses, hashlib, json, math, os, re, sys, time, warnings
 from dataclasses import dataclass
 from pathlib import Path
 import torch
@@ -179,9 +179,12 @@ class KeyProfile:
         try: b = torch.load(p, map_location="cpu", weights_only=True)
         except Exception as e: raise ValueError(f"{p} is not a key profile file ({type(e).__name__}: {e})") from None
         if not isinstance(b, dict) or b.get("format") != PROFILE_FORMAT: raise ValueError(f"{p} is not a key profile file (no {PROFILE_FORMAT!r} tag)")
-        m = json.loads(b["meta"])
-        if m.get("version") != PROFILE_VERSION: raise ValueError(f"{p}: key profile version {m.get('version')!r}, this hqkv reads version {PROFILE_VERSION}")
-        return cls(b["mu"], b["sigma"], ModelIdentity(**m["model"]), tuple(m["layers"]), m["source"], m["n_tokens"], m["mode"], m["rotation_seed"], m["version"])
+        try:
+            m = json.loads(b["meta"])
+            if m.get("version") != PROFILE_VERSION: raise ValueError(f"{p}: key profile version {m.get('version')!r}, this hqkv reads version {PROFILE_VERSION}")
+            return cls(b["mu"], b["sigma"], ModelIdentity(**m["model"]), tuple(m["layers"]), m["source"], m["n_tokens"], m["mode"], m["rotation_seed"], m["version"])
+        except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{p}: the key profile file is damaged ({type(e).__name__}: {e})") from None
 
     def check_matches(self, identity:ModelIdentity, # the model about to use the profile
                      ):
@@ -399,6 +402,7 @@ def _calibrate_setup(p:argparse.ArgumentParser):
                    "a .gguf file or a transformers model directory (default: %(default)s)")
     p.add_argument("--text-file", required=True, help="UTF-8 text to run the model over (another kind of text than the one you evaluate on)")
     p.add_argument("--out", default=None, help="where to write the profile (.pt); default: the cache directory, where key_profile=auto finds it")
+    p.add_argument("--force", action="store_true", help="overwrite --out even when it is not a key profile")
     p.add_argument("--tokens", type=int, default=None, help="use the first N tokens of the text (default: all of it)")
     p.add_argument("--mode", default="qk", choices=MODES, help="how sigma is chosen: qk (score-optimal, default) or std")
     p.add_argument("--chunk", type=int, default=1024, help="tokens per forward of the capture run (default: 1024)")
@@ -436,16 +440,29 @@ def _calibrate_transformers(args, text:str, tf:Path) -> KeyProfile:
     ids = _first_tokens(bos + lm.tokenizer.encode(text, add_special_tokens=False), args.tokens, lm.max_position, str(tf))
     return calibrate_hf(lm.model, ids, lm.identity, source=tf.name, mode=args.mode, skip=len(bos), chunk=args.chunk, progress=None)
 
+def _check_out(out:Path, force:bool):
+    "Refuse an --out that cannot be written, or that holds a file that is not a key profile (unless --force)."
+    for d in (out.parent, *out.parent.parents):
+        if d.exists() and not d.is_dir(): raise ValueError(f"--out {out}: {d} is a file, not a directory")
+    if out.is_dir(): raise ValueError(f"--out {out} is a directory; give a file name")
+    if out.exists() and not force:
+        try: KeyProfile.load(out)
+        except ValueError: raise ValueError(f"--out {out} exists and is not a key profile: refusing to overwrite it (use --force)") from None
+
 def _calibrate_run(args) -> int:
     tf = Path(args.text_file)
     if not tf.is_file(): raise ValueError(f"text file {tf} does not exist")
     if args.tokens is not None and args.tokens < 3: raise ValueError(f"--tokens must be >= 3, got {args.tokens}")
     if args.chunk < 1: raise ValueError(f"--chunk must be >= 1, got {args.chunk}")
-    text = tf.read_text(encoding="utf-8")
+    try: text = tf.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e: raise ValueError(f"text file {tf} is not UTF-8 (offset {e.start})") from None
+    if args.out: _check_out(Path(args.out), args.force)                  # before the model loads: a bad --out fails at once
     prof = (_calibrate_own if args.model == DEFAULT_MODEL else _calibrate_transformers)(args, text, tf)
     out = Path(args.out) if args.out else profile_path(prof.model)
-    tmp = out.with_name(out.name + ".tmp")
-    prof.save(tmp); tmp.replace(out)                                  # whole or absent
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try: prof.save(tmp); tmp.replace(out)                                # whole or absent: an interrupted run leaves the old file whole
+    finally: tmp.unlink(missing_ok=True)
     r = calibrate_report(prof, out)
     if args.json: print(json.dumps(r, indent=2))
     else:

@@ -136,6 +136,8 @@ def _plan_table(r:dict) -> str:
     if state: out.append(f"Each lane also holds {fmt_bytes(state)} of fixed state (not in the pool): "
                          f"{r['lanes']} lanes need {fmt_bytes(r['lanes'] * state, decimal=True)} more in every format; 'lanes (+state)' counts it against the budget.")
     for f, why in r["skipped"].items(): out.append(f"{f}: skipped, {why}")
+    for p in ps:
+        if p["pages"] == 0: out.append(f"{p['kv_format']}: the budget is smaller than one page ({p['page_bytes']:,} bytes): a pool of it is refused")
     out += [p["vram_plan"] for p in ps]
     return "\n".join(out)
 

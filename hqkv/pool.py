@@ -10,6 +10,7 @@ import hashlib
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
+from fastcore.basics import patch
 from typing import Hashable
 import torch
 from torch import Tensor
@@ -39,9 +40,10 @@ class Admission:
 
 class _Seq:
     "One admitted request's bookkeeping (internal)."
-    __slots__ = ("seq_id", "uid", "pages", "hashes", "tokens", "length", "bound", "reserved", "sealed", "n_shared")
+    __slots__ = ("seq_id", "uid", "pages", "hashes", "tokens", "length", "bound", "reserved", "sealed", "n_shared", "n_prompt")
     def __init__(self, seq_id, uid, pages, hashes, tokens, bound, reserved):
         self.seq_id, self.uid, self.pages, self.hashes, self.tokens = seq_id, uid, pages, hashes, tokens
+        self.n_prompt = len(tokens)               # the prompt ids given at admission
         self.bound, self.reserved = bound, reserved
         self.n_shared = self.sealed = len(pages)  # shared pages are sealed from the start
         self.length = 0                           # set by the allocator
@@ -313,6 +315,22 @@ class PageAllocator:
         return (tuple(self._free), tuple(self._ref), tuple(self._writer), tuple(self._key), tuple(self._index.items()),
                 tuple(self._retained), seqs, self._reserved, self._uid, self.reused_tokens_total, self.evictions_total, self.admissions_total)
 
+# %% ../nbs/20_pool.ipynb #22ce8062
+@patch
+def rollback(self:PageAllocator, seq_id:Hashable, length:int):
+    "Shrink a sequence back to `length` tokens after a failed step: pages past it return to the free list and its reservation."
+    s = self._seq(seq_id); _count(length, "length")
+    pt = self.page_tokens
+    if length > s.length: raise ValueError(f"rollback of sequence {seq_id!r} to {length} tokens: it holds only {s.length}")
+    if length < s.sealed * pt: raise ValueError(f"rollback of sequence {seq_id!r} to {length} tokens: positions below {s.sealed * pt} lie on sealed pages")
+    keep = -(-length // pt)
+    for p in reversed(s.pages[keep:]):          # back onto the free stack in the order they left it
+        self._ref[p], self._writer[p] = 0, None
+        self._free.append(p); s.reserved += 1; self._reserved += 1
+    del s.pages[keep:]
+    del s.tokens[max(length, s.n_prompt):]
+    s.length = length
+
 # %% ../nbs/20_pool.ipynb #f811e5d4
 @dataclass(slots=True)
 class PageTable:
@@ -436,6 +454,9 @@ class KVPool:
     def append(self, seq_id:Hashable, n_tokens:int|None=None, token_ids=None) -> int:
         "Grow a sequence inside its reservation; returns the first position the caller now writes."
         return self.alloc.append(seq_id, n_tokens, token_ids)
+    def rollback(self, seq_id:Hashable, length:int):
+        "Shrink a sequence back to `length` tokens after a failed step (`PageAllocator.rollback`)."
+        self.alloc.rollback(seq_id, length)
     def finish(self, seq_id:Hashable):
         "Release a finished request (its full pages stay cached for prefix reuse)."
         self.alloc.finish(seq_id)

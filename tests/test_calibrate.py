@@ -68,3 +68,26 @@ def test_runner_profile_end_to_end():
     with_p, by_hand, without = logprobs("profile"), logprobs("by hand"), logprobs("none")
     assert torch.allclose(with_p, by_hand, atol=1e-3), float((with_p - by_hand).abs().max())
     assert kld(with_p) < kld(without), (kld(with_p), kld(without))
+
+
+def test_calibrate_out_is_checked_before_the_model_loads(tmp_path):
+    "--out that holds something else is not overwritten without --force; a parent that is a file is named; both before any model loads."
+    text = tmp_path / "t.txt"; text.write_text("In the beginning God created the heaven and the earth. " * 20)
+    notes = tmp_path / "notes.txt"; notes.write_text("my notes")
+    for out, msg in ((notes, "exists and is not a key profile: refusing to overwrite it (use --force)"),
+                     (notes / "p.pt", f"{notes} is a file, not a directory"), (tmp_path, "is a directory; give a file name")):
+        r = subprocess.run(CLI + ["calibrate", "--model", "/nonexistent-model", "--text-file", str(text), "--out", str(out)],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert notes.read_text() == "my notes"
+
+
+def test_damaged_profile_file_is_named(tmp_path):
+    import json as _json, pytest as _pytest, torch
+    from hqkv.calibrate import KeyProfile, default_profile
+    p = tmp_path / "p.pt"
+    default_profile().save(p)
+    b = torch.load(p, weights_only=True)
+    for meta, msg in (("{not json", "JSONDecodeError"), (_json.dumps({"version": _json.loads(b["meta"])["version"]}), "KeyError")):
+        torch.save({**b, "meta": meta}, p)
+        with _pytest.raises(ValueError, match=f"{p}: the key profile file is damaged \\({msg}"): KeyProfile.load(p)

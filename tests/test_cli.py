@@ -52,3 +52,16 @@ def test_help_lists_every_command(entry):
     assert r.returncode == 0, r.stderr
     listed = {l.split()[0] for l in r.stdout.splitlines() if l.startswith("    ") and l.split()}
     for cmd in ("plan", "generate", "demo", "eval", "calibrate"): assert cmd in listed, (cmd, r.stdout)
+
+
+def test_plan_says_when_the_budget_buys_no_page():
+    "`hqkv plan --budget 1` does not just print 0 pages: it says the pool would refuse it, as KVPool does."
+    r = run("module", "plan", "--format", "bf16", "--budget", "1")
+    assert r.returncode == 0, r.stderr
+    assert "bf16: the budget is smaller than one page (4,194,304 bytes): a pool of it is refused" in r.stdout, r.stdout
+
+
+def test_codec_head_dim_must_be_an_int():
+    import pytest as _pytest
+    from hqkv.codec import get_codec
+    with _pytest.raises(TypeError, match=r"head_dim must be an int, got '256' \(str\)"): get_codec("hq-e8-2b", head_dim="256")

@@ -82,3 +82,20 @@ def test_cancel_mid_prefill_frees_pages_and_engine_goes_on(model):
     eng.run()
     assert other.finish_reason == "length" and len(other.output_ids) == 3
     assert eng.pool.alloc.used_pages == 0 and eng.pool.check_integrity()
+
+
+def test_generate_refuses_bad_prompts_and_devices_by_name(tmp_path):
+    "A non-UTF-8 prompt on stdin or in --file, and a device this torch lacks: named errors, exit code 2, no traceback."
+    code = "import sys; from hqkv.cli import main; raise SystemExit(main(sys.argv[1:]))"
+    e = {k: v for k, v in os.environ.items() if not k.startswith("HQKV_")}
+    r = subprocess.run([sys.executable, "-c", code, "generate", "--file", "-", "--budget", "1Ktok", "--context", "256"],
+                       input=b"\xff\xfeIn the beginning", capture_output=True, timeout=300, env=e)
+    assert r.returncode == 2 and b"the prompt on stdin is not UTF-8 text (byte 0xff at offset 0)" in r.stderr and b"Traceback" not in r.stderr, r.stderr
+    f = tmp_path / "p.txt"; f.write_bytes(b"ok \xc3\x28")
+    r = hqkv("generate", "--file", str(f), "--budget", "1Ktok", "--context", "256")
+    assert r.returncode == 2 and f"--file {f} is not UTF-8 text" in r.stderr, r.stderr
+    if not torch.cuda.is_available():
+        r = hqkv("generate", "hi", "--device", "cuda", "--budget", "1Ktok", "--context", "256")
+        assert r.returncode == 2 and "has no CUDA device" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = hqkv("generate", "hi", "--budget", "900T", "--context", "256")
+    assert r.returncode == 2 and "bytes of memory in all" in r.stderr, r.stderr

@@ -38,7 +38,8 @@ class Codec:
     @classmethod
     def check_head_dim(cls, head_dim:int) -> int:
         "`head_dim` if this format reads it, else ValueError naming the sizes it reads."
-        if isinstance(head_dim, bool) or head_dim not in cls.head_dims:
+        if isinstance(head_dim, bool) or not isinstance(head_dim, int): raise TypeError(f"{cls.name}: head_dim must be an int, got {head_dim!r} ({type(head_dim).__name__})")
+        if head_dim not in cls.head_dims:
             raise ValueError(f"{cls.name}: head_dim {head_dim!r} is not supported; supported head dims: {describe_dims(cls.head_dims)}")
         return head_dim
 
@@ -71,16 +72,19 @@ class Codec:
         rows = self._encode(flat) if flat.shape[0] else torch.empty(0, self.row_bytes, dtype=torch.uint8, device=x.device)
         return rows.reshape(*x.shape[:-1], self.row_bytes)
 
-    def decode_rotated(self, rows:Tensor) -> Tensor:
-        "Rows -> float32 vectors in the coded (rotated) domain; equals `decode` for unrotated formats."
+    def decode_rotated(self, rows:Tensor, validate:bool=False) -> Tensor:
+        "Rows -> float32 vectors in the coded (rotated) domain; equals `decode` for unrotated formats. `validate`: refuse rows that decode to NaN/Inf (corrupt bytes)."
         rows = self._check_rows(rows)
         flat = rows.reshape(-1, self.row_bytes)
         out = self._decode_rotated(flat) if flat.shape[0] else torch.empty(0, self.head_dim, device=rows.device)
+        if validate and not bool(torch.isfinite(out).all()):
+            bad = (~torch.isfinite(out).all(-1)).nonzero()[:, 0]
+            raise ValueError(f"{self.name}.decode: {len(bad)} of {len(out)} rows decode to NaN/Inf (corrupt bytes?), the first at row {int(bad[0])}")
         return out.reshape(*rows.shape[:-1], self.head_dim)
 
-    def decode(self, rows:Tensor) -> Tensor:
-        "Rows (uint8 [..., row_bytes]) -> float32 [..., head_dim] in the original domain."
-        return self.unrotate(self.decode_rotated(rows))
+    def decode(self, rows:Tensor, validate:bool=False) -> Tensor:
+        "Rows (uint8 [..., row_bytes]) -> float32 [..., head_dim] in the original domain (`validate`: refuse NaN/Inf, as `decode_rotated`)."
+        return self.unrotate(self.decode_rotated(rows, validate))
 
     def _check_input(self, x):
         if not isinstance(x, Tensor): raise TypeError(f"{self.name}.encode: expected a torch.Tensor, got {type(x).__name__}")
