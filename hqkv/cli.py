@@ -30,7 +30,7 @@ class Command:
         if not callable(self.setup) or not callable(self.run): raise TypeError(f"command {self.name!r}: setup and run must be callable")
 
 COMMANDS: dict[str, Command] = {}
-COMMAND_MODULES = ["hqkv.engine", "hqkv.quality", "hqkv.bench", "hqkv.calibrate"]  # modules that register commands when imported
+COMMAND_MODULES = ["hqkv.engine", "hqkv.quality", "hqkv.bench", "hqkv.calibrate", "hqkv.serve"]  # modules that register commands when imported
 
 def register_command(name:str,         # `hqkv <name>`
                      help:str,         # one-line description

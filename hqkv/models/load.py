@@ -277,7 +277,9 @@ def write_tiny_model(d, # the directory to write (created)
     tk = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.Whitespace()
     d = Path(d); d.mkdir(parents=True, exist_ok=True)
-    transformers.PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", unk_token="<unk>").save_pretrained(d)
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    tok.chat_template = "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}{% if add_generation_prompt %}the{% endif %}"   # a small one, for the server's chat tests
+    tok.save_pretrained(d)
     torch.manual_seed(seed)
     conf, cls, extra = TINY_ARCHS[arch]
     base = dict(vocab_size=len(words), hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,

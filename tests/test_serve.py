@@ -1,0 +1,97 @@
+"""`hqkv serve` as a user meets it: a real server process on 127.0.0.1 (a free port, started and stopped here) over a tiny
+Llama, driven by the real `openai` client: completion, chat, streaming, a stop string, a 400, a 429, a client that
+disconnects mid-stream (its pages come back), and /metrics parsed with prometheus_client's parser."""
+import os, socket, subprocess, sys, time, threading
+import pytest
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi"); pytest.importorskip("uvicorn")
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def free_port() -> int:
+    with socket.socket() as s: s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from hqkv.models.load import write_tiny_model
+    d = write_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")
+    port = free_port()
+    code = "import sys; from hqkv.cli import main; raise SystemExit(main(sys.argv[1:]))"
+    p = subprocess.Popen([sys.executable, "-c", code, "serve", "--model", str(d), "--port", str(port), "--format", "bf16", "--budget", "2Ktok",
+                          "--context", "512", "--prefill-chunk", "64", "--max-waiting", "2", "--key-profile", "off"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(base + "/health", timeout=1).status_code == 200: break
+        except httpx.HTTPError: pass
+        if p.poll() is not None: raise RuntimeError(p.stdout.read())
+        time.sleep(0.2)
+    else: p.kill(); raise RuntimeError("the server did not come up")
+    yield base, d
+    p.terminate()
+    try: p.wait(20)
+    except subprocess.TimeoutExpired: p.kill()
+
+
+def metrics(base) -> dict:
+    return {s.name: s.value for f in text_string_to_metric_families(httpx.get(base + "/metrics").text) for s in f.samples if not s.labels}
+
+
+def test_completion_chat_stream_and_stop(server):
+    base, d = server
+    c = openai.OpenAI(base_url=base + "/v1", api_key="none")
+    assert [m.id for m in c.models.list().data] == ["tiny-llama"]
+    r = c.completions.create(model="tiny-llama", prompt="the god said unto the", max_tokens=8, temperature=0)
+    text = r.choices[0].text
+    assert r.usage.prompt_tokens > 0 and r.choices[0].finish_reason in ("length", "stop")
+    from hqkv.models.load import load_causal_lm
+    from hqkv.model_runner import reference_greedy
+    lm = load_causal_lm(d)
+    want = [t for t in reference_greedy(lm.model, lm.tokenizer("the god said unto the")["input_ids"], 8)]
+    want = want[:want.index(2)] if 2 in want else want
+    assert text == lm.tokenizer.decode(want)
+    pieces = [ch.choices[0].text for ch in c.completions.create(model="tiny-llama", prompt="the god said unto the", max_tokens=8, temperature=0, stream=True)]
+    assert "".join(pieces) == text and len(pieces) > 1
+    chat = c.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "the god"}], max_tokens=4, temperature=0)
+    assert chat.choices[0].message.role == "assistant"
+    words = text.split()
+    if len(words) > 1:
+        cut = c.completions.create(model="tiny-llama", prompt="the god said unto the", max_tokens=8, temperature=0, stop=[words[1]])
+        assert cut.choices[0].text == text[:text.find(words[1])] and cut.choices[0].finish_reason == "stop"
+
+
+def test_400_and_429(server):
+    base, _ = server
+    c = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="exceeds the context of 512 tokens"):
+        c.completions.create(model="tiny-llama", prompt="the " * 600, max_tokens=4)
+    with pytest.raises(openai.BadRequestError, match="n must be 1"):
+        c.completions.create(model="tiny-llama", prompt="the", n=2)
+    # three long streams against a door of two waiting: at least one is told to come back later
+    results = []
+    def one():
+        try: results.append(c.completions.create(model="tiny-llama", prompt="the god " * 100, max_tokens=200, temperature=0).choices[0].finish_reason)
+        except openai.RateLimitError: results.append(429)
+    ts = [threading.Thread(target=one) for _ in range(12)]
+    for t in ts: t.start()
+    for t in ts: t.join()
+    assert 429 in results and any(r != 429 for r in results), results
+    m = metrics(base)
+    assert m["hqkv_kv_pool_used_pages"] == 0
+
+
+def test_disconnect_returns_pages(server):
+    base, _ = server
+    with httpx.stream("POST", base + "/v1/completions", json={"prompt": "the god " * 60, "max_tokens": 300, "temperature": 0, "stream": True}, timeout=60) as r:
+        for i, line in enumerate(r.iter_lines()):
+            if i >= 3: break                                           # three events, then hang up
+    for _ in range(100):
+        m = metrics(base)
+        if m["hqkv_kv_pool_used_pages"] == 0 and m["hqkv_engine_running"] == 0: break
+        time.sleep(0.1)
+    assert m["hqkv_kv_pool_used_pages"] == 0 and m["hqkv_engine_cancelled_total"] >= 1, m
