@@ -11,7 +11,7 @@ export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install demo test nbtest pytest check-clean docs readme docs-test chromium bench bench-texts gpu-check clean
+.PHONY: install demo test nbtest pytest check-clean docs readme docs-test chromium bench bench-serve bench-texts gpu-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -66,6 +66,11 @@ bench-texts:
 bench: $(STAMP) bench-texts
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
 	$(BIN)/nbdev-test --n-workers 1 --flags slow --timing --cell-timeout 7200
+
+## bench-serve: `hqkv serve` (bf16, hq-e8-2b) and `transformers serve` on SmolLM2-135M under 1, 4 and 16 streaming clients
+## (loopback only, bounded): nbs/studies/54_serve -> nbs/results/serve_bench.json
+bench-serve: $(STAMP)
+	$(BIN)/nbdev-test --n-workers 1 --flags slow --timing --cell-timeout 3600 nbs/studies/54_serve.ipynb
 
 ## gpu-check: kernel checks + benchmarks on a GPU machine (kernels/README.md). No install: the kernels need only
 ## torch and triton, so it runs with the machine's own Python (GPU_PY) on the source tree
