@@ -13,7 +13,6 @@ import torch
 from torch import Tensor
 from .codec import Codec, codec_class
 from .fixtures import DATA_DIR
-from .cli import register_command
 
 # %% auto #0
 __all__ = ['DEFAULT_MODEL', 'PROFILE_FORMAT', 'PROFILE_VERSION', 'MODES', 'CAPTURE_ATTN', 'PROFILE_FILES', 'CALIB_TEXT',
@@ -397,16 +396,6 @@ def describe_key_profile(p:KeyProfile|None) -> str:
     return "off" if p is None else p.tag
 
 # %% ../nbs/15_calibrate.ipynb #5b64fd5c
-def _calibrate_setup(p:argparse.ArgumentParser):
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"the model: {DEFAULT_MODEL} (bundled, hqkv's own forward), a packaged test model, "
-                   "a .gguf file or a transformers model directory (default: %(default)s)")
-    p.add_argument("--text-file", required=True, help="UTF-8 text to run the model over (another kind of text than the one you evaluate on)")
-    p.add_argument("--out", default=None, help="where to write the profile (.pt); default: the cache directory, where key_profile=auto finds it")
-    p.add_argument("--force", action="store_true", help="overwrite --out even when it is not a key profile")
-    p.add_argument("--tokens", type=int, default=None, help="use the first N tokens of the text (default: all of it)")
-    p.add_argument("--mode", default="qk", choices=MODES, help="how sigma is chosen: qk (score-optimal, default) or std")
-    p.add_argument("--chunk", type=int, default=1024, help="tokens per forward of the capture run (default: 1024)")
-
 def calibrate_report(prof:KeyProfile, path:Path) -> dict:
     "What `hqkv calibrate` prints, as JSON-ready data."
     s = prof.sigma
@@ -415,61 +404,3 @@ def calibrate_report(prof:KeyProfile, path:Path) -> dict:
                 mu_abs_max=[round(float(x), 4) for x in prof.mu.abs().amax((1, 2))],
                 sigma_min=[round(float(x), 5) for x in s.amin((1, 2))], sigma_median=[round(float(x), 5) for x in s.flatten(1).median(1).values],
                 sigma_max=[round(float(x), 4) for x in s.amax((1, 2))])
-
-# %% ../nbs/15_calibrate.ipynb #f26663f4
-def _first_tokens(ids:list, n:int|None, limit:int, what:str) -> list:
-    "The first `n` ids (all when None), refused beyond the model's context."
-    if n is not None:
-        if len(ids) < n: raise ValueError(f"{what} has only {len(ids)} tokens, --tokens {n} asked")
-        ids = ids[:n]
-    if len(ids) > limit: raise ValueError(f"{what} has {len(ids)} tokens, more than the model's context {limit}; pass --tokens")
-    return ids
-
-def _calibrate_own(args, text:str, tf:Path) -> KeyProfile:
-    "The bundled model through hqkv's own Gemma 3 forward (the engine's model)."
-    from hqkv.models.gemma3 import load_gemma3
-    model = load_gemma3(torch.float32)
-    ids = _first_tokens(model.tokenizer.encode(text), args.tokens, model.cfg.max_position, str(tf))
-    return calibrate(model, ids, model_identity(model, DEFAULT_MODEL), source=tf.name, mode=args.mode, chunk=args.chunk)
-
-def _calibrate_transformers(args, text:str, tf:Path) -> KeyProfile:
-    "Any transformers causal LM (a packaged name, a GGUF file, a directory)."
-    from hqkv.models.load import load_causal_lm
-    lm = load_causal_lm(args.model)
-    bos = [] if lm.bos_id is None else [lm.bos_id]
-    ids = _first_tokens(bos + lm.tokenizer.encode(text, add_special_tokens=False), args.tokens, lm.max_position, str(tf))
-    return calibrate_hf(lm.model, ids, lm.identity, source=tf.name, mode=args.mode, skip=len(bos), chunk=args.chunk, progress=None)
-
-def _check_out(out:Path, force:bool):
-    "Refuse an --out that cannot be written, or that holds a file that is not a key profile (unless --force)."
-    for d in (out.parent, *out.parent.parents):
-        if d.exists() and not d.is_dir(): raise ValueError(f"--out {out}: {d} is a file, not a directory")
-    if out.is_dir(): raise ValueError(f"--out {out} is a directory; give a file name")
-    if out.exists() and not force:
-        try: KeyProfile.load(out)
-        except ValueError: raise ValueError(f"--out {out} exists and is not a key profile: refusing to overwrite it (use --force)") from None
-
-def _calibrate_run(args) -> int:
-    tf = Path(args.text_file)
-    if not tf.is_file(): raise ValueError(f"text file {tf} does not exist")
-    if args.tokens is not None and args.tokens < 3: raise ValueError(f"--tokens must be >= 3, got {args.tokens}")
-    if args.chunk < 1: raise ValueError(f"--chunk must be >= 1, got {args.chunk}")
-    try: text = tf.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e: raise ValueError(f"text file {tf} is not UTF-8 (offset {e.start})") from None
-    if args.out: _check_out(Path(args.out), args.force)                  # before the model loads: a bad --out fails at once
-    prof = (_calibrate_own if args.model == DEFAULT_MODEL else _calibrate_transformers)(args, text, tf)
-    out = Path(args.out) if args.out else profile_path(prof.model)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try: prof.save(tmp); tmp.replace(out)                                # whole or absent: an interrupted run leaves the old file whole
-    finally: tmp.unlink(missing_ok=True)
-    r = calibrate_report(prof, out)
-    if args.json: print(json.dumps(r, indent=2))
-    else:
-        print(f"wrote {r['out']} ({r['bytes']:,} bytes): key profile of {prof.model.short()}, layers {r['layers']}, "
-              f"{r['kv_heads']} x {r['head_dim']}, {prof.n_tokens:,} tokens of {prof.source}, mode {prof.mode}")
-        for i, l in enumerate(prof.layers):
-            print(f"  layer {l}: |mu| max {r['mu_abs_max'][i]:g}, sigma min/median/max {r['sigma_min'][i]:g} / {r['sigma_median'][i]:g} / {r['sigma_max'][i]:g}")
-    return 0
-
-register_command("calibrate", "measure a model's key profile (per-channel key mean and scale) on a text", _calibrate_setup, _calibrate_run)

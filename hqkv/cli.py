@@ -1,4 +1,4 @@
-"""`hqkv <command>`: `plan` sizes a KV cache from the seeds' arithmetic; later notebooks register `generate`, `eval`, `bench` and `calibrate` the same way.
+"""`hqkv <command>`: `plan` sizes a KV cache from the seeds' arithmetic; `hqkv.commands` registers `generate`, `demo`, `eval`, `calibrate` and `serve` the same way.
 
 Docs: https://hqkv.github.io/hqkv/cli.html.md"""
 
@@ -30,7 +30,7 @@ class Command:
         if not callable(self.setup) or not callable(self.run): raise TypeError(f"command {self.name!r}: setup and run must be callable")
 
 COMMANDS: dict[str, Command] = {}
-COMMAND_MODULES = ["hqkv.engine", "hqkv.quality", "hqkv.bench", "hqkv.calibrate", "hqkv.serve"]  # modules that register commands when imported
+COMMAND_MODULES = ["hqkv.commands"]  # modules that register commands when imported
 
 def register_command(name:str,         # `hqkv <name>`
                      help:str,         # one-line description

@@ -21,143 +21,14 @@ from .model_runner import ModelRunner
 from .scheduler import Scheduler, Request, Work, POLICIES
 from .calibrate import DEFAULT_MODEL
 from .models.load import LoadedLM, load_causal_lm, text_config, PACKAGED_MODELS
-from .cli import register_command
+from .settings import EngineConfig, SETTINGS, SETTING, env_name, _DTYPES, _int
 from .fixtures import load_text
 
 _log = logging.getLogger("hqkv.runtime")
 
 # %% auto #0
-__all__ = ['CONFIG_KEYS', 'DEMO_DEFAULTS', 'env_name', 'EngineConfig', 'SamplingParams', 'sample', 'TokenEvent', 'check_device',
-           'memory_bytes', 'load_model', 'stop_ids', 'engine_key_profile', 'Engine', 'prefill_progress',
-           'first_difference', 'demo_report']
-
-# %% ../nbs/41_engine.ipynb #f0803e92
-CONFIG_KEYS = {  # EngineConfig field -> (config-file table, key); the environment variable is HQKV_<TABLE>_<KEY>
-    "model": ("model", "path"), "kv_format": ("model", "kv_format"), "kv_pool_bytes": ("vram", "kv_pool_bytes"),
-    "max_context": ("engine", "max_context"), "prefill_chunk": ("engine", "prefill_chunk"), "max_batch": ("engine", "max_batch"),
-    "policy": ("engine", "policy"),     "device": ("engine", "device"), "dtype": ("engine", "dtype"), "attn": ("engine", "attn"),
-    "window_sinks": ("kv", "window_sinks"), "window_recent": ("kv", "window_recent"), "key_profile": ("kv", "key_profile"),
-    "key_formats": ("kv", "key_formats"),
-}
-def env_name(f:str) -> str:
-    "The environment variable of EngineConfig field `f`."
-    t, k = CONFIG_KEYS[f]
-    return f"HQKV_{t.upper()}_{k.upper()}"
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-def _int(name, x, lo):
-    if isinstance(x, bool) or not isinstance(x, int): raise TypeError(f"{name} must be an int, got {x!r}")
-    if x < lo: raise ValueError(f"{name} must be >= {lo}, got {x}")
-
-# %% ../nbs/41_engine.ipynb #79047910
-@dataclass(slots=True)
-class EngineConfig:
-    "Everything an `Engine` is built from; `EngineConfig.resolve` reads flag > environment > config file > default."
-    model: str = DEFAULT_MODEL         # model.path: the bundled model, a packaged one, a .gguf file or a transformers directory
-    kv_format: str = "hq-e8-2b"        # model.kv_format: the pool's KV format
-    kv_pool_bytes: str|int = "64Ktok"  # vram.kv_pool_bytes: the pool's budget, bytes or tokens (`parse_budget`)
-    max_context: int = 32768           # engine.max_context: the most tokens (prompt + new) one request may hold
-    prefill_chunk: int = 1024          # engine.prefill_chunk: prompt tokens per step (a multiple of 64)
-    max_batch: int = 8                 # engine.max_batch: requests running at once
-    policy: str = "decode-first"       # engine.policy: 'decode-first' or 'prefill-first' (`hqkv.scheduler`)
-    window_sinks: int = 32             # kv.window_sinks: first tokens of a sequence also kept exact
-    window_recent: int = 512           # kv.window_recent: latest tokens also kept exact (0/0: no window)
-    device: str = "cpu"                # engine.device: where the model and the pool live
-    dtype: str = "float32"             # engine.dtype: model weights and activations
-    attn: str|None = None              # engine.attn: attention backend (`hqkv.runner.ATTN_BACKENDS`); None picks one per device
-    key_profile: str = "auto"          # kv.key_profile: 'auto' (the shipped profile, rotated formats), 'off', or a profile file
-    key_formats: str = ""              # kv.key_formats: some layers' keys in their own format, 'LAYER=FORMAT,...' (model layer ids), e.g. '5=tbq3,11=tbq3'
-    sources: dict = field(default_factory=dict, compare=False, repr=False)  # field -> where its value came from
-
-    def __post_init__(self):
-        if isinstance(self.model, Path): self.model = str(self.model)
-        if not isinstance(self.model, str) or not self.model: raise TypeError(f"model must be a model name or path, got {self.model!r}")
-        if self.policy not in POLICIES: raise ValueError(f"unknown scheduling policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
-        if not isinstance(self.kv_format, str): raise TypeError(f"kv_format must be a format name, got {self.kv_format!r}")
-        codec_class(self.kv_format)                       # unknown format: ValueError listing the supported ones
-        parse_budget(self.kv_pool_bytes)                  # unreadable budget: ValueError with the accepted forms
-        _int("max_context", self.max_context, 1); _int("prefill_chunk", self.prefill_chunk, 64); _int("max_batch", self.max_batch, 1)
-        if self.prefill_chunk % 64: raise ValueError(f"prefill_chunk must be a multiple of 64, got {self.prefill_chunk}")
-        _int("window_sinks", self.window_sinks, 0); _int("window_recent", self.window_recent, 0)
-        if self.dtype not in _DTYPES: raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
-        try: torch.device(self.device)
-        except (RuntimeError, TypeError): raise ValueError(f"device {self.device!r} is not a torch device (e.g. 'cpu', 'cuda', 'cuda:1')") from None
-        if not isinstance(self.key_profile, (str, Path)): raise TypeError(f"key_profile must be 'auto', 'off' or a path, got {self.key_profile!r}")
-        if str(self.key_profile) not in ("auto", "off") and not Path(self.key_profile).is_file():
-            raise ValueError(f"kv.key_profile: no key profile file at {self.key_profile} (use 'auto', 'off', or a file from `hqkv calibrate`)")
-        if isinstance(self.key_formats, Mapping): self.key_formats = ",".join(f"{l}={f}" for l, f in self.key_formats.items())   # a TOML table
-        if not isinstance(self.key_formats, str): raise TypeError(f"key_formats must be a string like '5=tbq3,11=tbq3', got {self.key_formats!r}")
-        for _, f in key_format_items(self.key_formats): codec_class(f)   # syntax and format names now; layer ids when the pool is built
-        if self.attn is not None and self.attn not in ATTN_BACKENDS:
-            raise ValueError(f"unknown attention backend {self.attn!r}; choose one of {', '.join(ATTN_BACKENDS)}")
-
-    @property
-    def torch_dtype(self) -> torch.dtype: return _DTYPES[self.dtype]
-
-    @classmethod
-    def resolve(cls, flags:Mapping|None=None, # values given explicitly (CLI flags); None entries are ignored
-                env:Mapping|None=None, # the environment (default `os.environ`)
-                config:str|Path|Mapping|None=None, # a TOML file (or its parsed dict); default: $HQKV_CONFIG if set
-               ) -> EngineConfig:
-        "A config from flag > environment (`HQKV_MODEL_KV_FORMAT`, ...) > config file ([model] [vram] [engine] [kv]) > default."
-        flags = {k: v for k, v in (flags or {}).items() if v is not None}
-        bad = set(flags) - set(CONFIG_KEYS)
-        if bad: raise ValueError(f"unknown engine setting(s) {sorted(bad)}; known: {', '.join(CONFIG_KEYS)}")
-        env = os.environ if env is None else env
-        if config is None and env.get("HQKV_CONFIG"): config = env["HQKV_CONFIG"]
-        table, where = _read_config(config)
-        unknown = [f"[{t}] {k}" for t, kv in table.items() if isinstance(kv, Mapping) for k in kv if (t, k) not in CONFIG_KEYS.values()]
-        unknown += [f"{t}" for t, kv in table.items() if not isinstance(kv, Mapping)]
-        if unknown: raise ValueError(f"config file {where}: unknown setting(s) {', '.join(unknown)}; known: " + ", ".join(f"[{t}] {k}" for t, k in CONFIG_KEYS.values()))
-        vals, src = {}, {}
-        for f, (t, k) in CONFIG_KEYS.items():
-            e = env_name(f)
-            if f in flags: vals[f], src[f] = flags[f], "flag"
-            elif env.get(e, "") != "": vals[f], src[f] = _from_text(f, env[e], e), f"env {e}"
-            elif k in table.get(t, {}): vals[f], src[f] = _typed(f, table[t][k], f"config file {where}: [{t}] {k}"), f"file {where} [{t}] {k}"
-            else: src[f] = "default"
-        for f, v in vals.items():                # a bad value from the environment or a file is refused naming where it came from
-            if src[f] != "flag":
-                try: cls(**{f: v})
-                except (TypeError, ValueError) as e: raise type(e)(f"{src[f]}: {e}") from None
-        return cls(**vals, sources=src)
-
-    def as_dict(self) -> dict:
-        "The settings by their dotted keys, e.g. {'model.kv_format': 'hq-e8-2b', ...}."
-        return {f"{t}.{k}": getattr(self, f) for f, (t, k) in CONFIG_KEYS.items()}
-
-# %% ../nbs/41_engine.ipynb #0ec82059
-def _read_config(config):
-    if config is None: return {}, None
-    if isinstance(config, Mapping): return dict(config), "(dict)"
-    try: import tomllib
-    except ImportError:   # Python 3.10
-        try: import tomli as tomllib
-        except ImportError: raise ValueError("reading a config file on Python 3.10 needs `pip install tomli`") from None
-    p = Path(config)
-    if not p.is_file(): raise ValueError(f"config file {p} does not exist")
-    try: return tomllib.loads(p.read_text()), str(p)
-    except tomllib.TOMLDecodeError as e: raise ValueError(f"config file {p} is not valid TOML: {e}") from None
-
-_INT_FIELDS = {"max_context", "prefill_chunk", "max_batch", "window_sinks", "window_recent"}
-_STR_FIELDS = {"model", "kv_format", "policy", "device", "dtype", "attn", "key_profile"}
-
-def _typed(f, x, where):
-    "A config-file value of the type its setting takes, or a TypeError naming the file, the key and what was there."
-    kind = lambda v: {str: "a string", bool: "a boolean", float: "a float", list: "a list", dict: "a table"}.get(type(v), type(v).__name__)
-    if f in _INT_FIELDS and (isinstance(x, bool) or not isinstance(x, int)): raise TypeError(f"{where}: expected an integer, got {x!r} ({kind(x)})")
-    if f in _STR_FIELDS and not isinstance(x, str): raise TypeError(f"{where}: expected a string, got {x!r} ({kind(x)})")
-    if f == "kv_pool_bytes" and (isinstance(x, bool) or not isinstance(x, (int, str))): raise TypeError(f"{where}: expected bytes (an integer) or a size string like '512Mi' or '64Ktok', got {x!r} ({kind(x)})")
-    return x
-def _from_text(f, s, where):
-    "An environment value as the field's type."
-    s = s.strip()
-    if f in _INT_FIELDS:
-        try: return int(s.replace("_", ""))
-        except ValueError: raise ValueError(f"{where}={s!r}: expected an integer") from None
-    if f == "kv_pool_bytes" and s.isdigit(): return int(s)
-    return s
+__all__ = ['DEMO_DEFAULTS', 'SamplingParams', 'sample', 'TokenEvent', 'check_device', 'memory_bytes', 'load_model', 'stop_ids',
+           'engine_key_profile', 'Engine', 'request_rates', 'prefill_progress', 'first_difference', 'demo_report']
 
 # %% ../nbs/41_engine.ipynb #8cfc0534
 @dataclass(slots=True, frozen=True)
@@ -258,7 +129,7 @@ class Engine:
         self.vocab_size = text_config(model.model.config).vocab_size
         self._ids = itertools.count()
         self.counters = dict(requests_total=0, finished_total=0, cancelled_total=0, refused_total=0, failed_total=0, prompt_tokens_total=0,
-                             generated_tokens_total=0, steps_total=0)
+                             generated_tokens_total=0, steps_total=0, prefill_tokens_total=0, prefix_reused_tokens_total=0)
         self.config = self.pool = self.paged = self.runner = self.scheduler = None
         self._step_hooks: list[Callable] = []
         self._build(cfg)
@@ -306,13 +177,17 @@ def _build(self:Engine, cfg:EngineConfig):
     paged = PagedKV(pool, window_sinks=cfg.window_sinks, window_recent=cfg.window_recent, attn=cfg.attn, lanes=cfg.max_batch, key_profile=prof)
     runner = ModelRunner(lm, paged)   # a model the backend cannot run (soft-capping on ref/triton, a profile with soft-capping): ValueError
     self.config, self.pool, self.paged, self.runner, self.plan, self.key_profile = cfg, pool, paged, runner, p, describe_key_profile(prof)
-    self.scheduler = Scheduler(paged, cfg.max_batch, cfg.prefill_chunk, cfg.policy)
+    resume = cfg.prefix_reuse and runner.resumable and paged.exact_resume   # otherwise prompts are recomputed (see "Prefix reuse")
+    self.prefix_reuse = "on" if resume else ("off" if not cfg.prefix_reuse else "pages-only")
+    self.scheduler = Scheduler(paged, cfg.max_batch, cfg.prefill_chunk, cfg.policy, cfg.step_tokens, skip_reused=resume)
     _log.info(self.plan_line())
 
 @patch
 def plan_line(self:Engine) -> str:
     "The pool's `hqkv.runtime.vram_plan` line, the fixed state each sequence holds beside it, the model, and the key profile."
-    return f"{self.pool.plan_line()} state_per_lane={self.plan.state_bytes} lanes={self.config.max_batch} model={self.lm.name} key_profile={self.key_profile}"
+    c = self.config
+    return (f"{self.pool.plan_line()} state_per_lane={self.plan.state_bytes} lanes={c.max_batch} model={self.lm.name} key_profile={self.key_profile} "
+            f"prefill_chunk={c.prefill_chunk} step_tokens={c.step_tokens or 'none'} prefix_reuse={self.prefix_reuse}")
 
 @patch
 def reconfigure(self:Engine, **changes) -> EngineConfig:
@@ -416,11 +291,14 @@ def step(self:Engine) -> list:
 def _step(self:Engine) -> list:
     "Schedule, one forward, then commit request by request; a failed forward is isolated."
     work = self.scheduler.schedule()
-    self.counters["refused_total"] += len(self.scheduler.refused); self.scheduler.refused.clear()
+    s = self.scheduler
+    self.counters["refused_total"] += len(s.refused); s.refused.clear()
+    self.counters["prefix_reused_tokens_total"] += sum(r.reused_tokens for r in s.admitted); s.admitted.clear()
     if not work: return []
+    prefill = sum(len(w.tokens) for w in work if w.prefill)
     try: logits = self.runner.forward([w.request.id for w in work], [w.pos0 for w in work], [w.tokens for w in work])
     except Exception as e: return self._isolate(work, e)   # rolled back by the runner (an interrupt propagates, rolled back too)
-    self.counters["steps_total"] += 1
+    self.counters["steps_total"] += 1; self.counters["prefill_tokens_total"] += prefill
     return self._commit(work, logits)
 
 @patch
@@ -538,36 +416,7 @@ def metrics(self:Engine) -> dict:
     return m
 
 # %% ../nbs/41_engine.ipynb #6d66d110
-def _engine_flags(a) -> dict:
-    "Engine settings given on the command line (None: not given)."
-    return dict(model=a.model, kv_format=getattr(a, "format", None), kv_pool_bytes=a.budget, max_context=a.context, prefill_chunk=a.prefill_chunk,
-                window_sinks=a.window_sinks, window_recent=a.window_recent, key_profile=a.key_profile, key_formats=a.key_formats, attn=a.attn, device=a.device, policy=a.policy)
-
-def _engine_args(p:argparse.ArgumentParser, budget_help:str):
-    p.add_argument("--model", help=f"model.path: {DEFAULT_MODEL} (bundled, default), a packaged test model ({', '.join(PACKAGED_MODELS)}), "
-                   "a .gguf file or a transformers model directory")
-    p.add_argument("--policy", help="engine.policy: decode-first (default) or prefill-first")
-    p.add_argument("--budget", help=budget_help)
-    p.add_argument("--context", type=int, help="engine.max_context: most tokens per request (default 32768)")
-    p.add_argument("--prefill-chunk", type=int, help="engine.prefill_chunk: prompt tokens per step (default 1024)")
-    p.add_argument("--window-sinks", type=int, help="kv.window_sinks (default 32)")
-    p.add_argument("--window-recent", type=int, help="kv.window_recent (default 512)")
-    p.add_argument("--key-profile", help="kv.key_profile: 'auto' (default: the shipped profile for rotated formats), 'off', or a file")
-    p.add_argument("--key-formats", help="kv.key_formats: some layers' keys in their own format, e.g. '5=tbq3,11=tbq3' (model layer ids; default: none)")
-    p.add_argument("--device", help="engine.device: where the model and the pool live ('cpu' default, 'cuda', 'cuda:1')")
-    p.add_argument("--attn", help="engine.attn: attention backend (gather, ref, triton; default: picked per device)")
-    p.add_argument("--config", help="a TOML config file ([model] [vram] [engine] [kv]; default: $HQKV_CONFIG)")
-
-def _prompt_text(a) -> str:
-    if (a.prompt is None) == (a.file is None): raise ValueError("give a prompt or --file (one of them)")
-    if a.file is None: return a.prompt
-    where = "the prompt on stdin" if a.file == "-" else f"--file {a.file}"
-    if a.file != "-" and not Path(a.file).is_file(): raise ValueError(f"--file {a.file}: no such file")
-    raw = sys.stdin.buffer.read() if a.file == "-" else Path(a.file).read_bytes()
-    try: return raw.decode("utf-8")
-    except UnicodeDecodeError as e: raise ValueError(f"{where} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
-
-def _rates(r:Request) -> dict:
+def request_rates(r:Request) -> dict:
     "Timings of a finished request: prefill (to the first token) and decode rates."
     pre = (r.t_first - r.t_submit) if r.t_first else None
     dec = (r.t_done - r.t_first) if r.t_first and r.t_done else None
@@ -576,17 +425,6 @@ def _rates(r:Request) -> dict:
                 prefill_tokens_per_s=len(r.prompt_ids) / pre if pre else None,
                 decode_tokens_per_s=(n - 1) / dec if dec and n > 1 else None,
                 tokens_per_s=n / (r.t_done - r.t_submit) if r.t_done else None)
-
-def _generate_setup(p:argparse.ArgumentParser):
-    p.add_argument("prompt", nargs="?", help="the prompt text (or use --file)")
-    p.add_argument("--file", help="read the prompt from a file ('-': stdin)")
-    p.add_argument("--format", help="model.kv_format: the pages' KV format (default hq-e8-2b)")
-    _engine_args(p, "vram.kv_pool_bytes: bytes ('512Mi') or tokens ('64Ktok') (default 64Ktok)")
-    p.add_argument("--max-tokens", type=int, default=64, help="new tokens at most (default 64)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1)")
-    p.add_argument("--seed", type=int, help="sampling seed (default: random, reported)")
-    p.add_argument("--quiet", action="store_true", help="no progress line on stderr (--json is quiet too)")
 
 def prefill_progress(eng:Engine, r:Request, after:float=2.0, out=sys.stderr) -> Callable:
     "Print '\\r[prefill done/total tokens]' on `out` after each step of `r`'s prefill once it has taken `after` seconds; returns the remover."
@@ -597,32 +435,6 @@ def prefill_progress(eng:Engine, r:Request, after:float=2.0, out=sys.stderr) -> 
         out.flush()
     return eng.on_step(hook)
 
-def _generate_run(a) -> int:
-    text = _prompt_text(a)
-    if not text: raise ValueError("empty prompt: give at least one character")   # before the model loads
-    cfg = EngineConfig.resolve(_engine_flags(a), config=a.config)
-    eng = Engine(cfg)
-    out = [] if a.json else None
-    def show(ev):
-        if out is None: sys.stdout.write(ev.text); sys.stdout.flush()
-    r = eng.submit(text, a.max_tokens, SamplingParams(a.temperature, a.top_p, a.seed), on_token=show)
-    if not (a.json or a.quiet): prefill_progress(eng, r)
-    eng.run()
-    rates = _rates(r)
-    if a.json:
-        print(json.dumps(dict(text=r.text, tokens=r.output_ids, finish_reason=r.finish_reason, seed=r.seed, reused_tokens=r.reused_tokens,
-                              **rates, model=eng.lm.name, kv_format=cfg.kv_format, key_profile=eng.key_profile, plan=eng.plan.as_dict(), vram_plan=eng.plan_line(), config=cfg.as_dict(),
-                              sources={f"{t}.{k}": cfg.sources[f] for f, (t, k) in CONFIG_KEYS.items()}, metrics=eng.metrics()), indent=1))
-    else:
-        print()
-        dt = rates["decode_tokens_per_s"]
-        print(f"[{r.finish_reason}: {len(r.prompt_ids)} prompt + {len(r.output_ids)} new tokens; prefill {rates['prefill_tokens_per_s']:.1f} tok/s, "
-              f"decode {dt:.2f} tok/s]" if dt else f"[{r.finish_reason}: {len(r.prompt_ids)} prompt + {len(r.output_ids)} new tokens]", file=sys.stderr)
-        print(eng.plan_line(), file=sys.stderr)
-    return 0
-
-register_command("generate", "generate text with any transformers decoder (default: the bundled Gemma 3 270M), its KV in pool pages of any format", _generate_setup, _generate_run)
-
 # %% ../nbs/41_engine.ipynb #593c5547
 DEMO_DEFAULTS = dict(kv_pool_bytes="64Mi", max_context=4096)   # one byte budget for both formats; short requests
 
@@ -630,14 +442,6 @@ def first_difference(a:list, b:list) -> int|None:
     "Index of the first position where token lists differ (a length difference counts); None if equal."
     i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
     return i if i is not None else (None if len(a) == len(b) else min(len(a), len(b)))
-
-def _demo_setup(p:argparse.ArgumentParser):
-    p.add_argument("prompt", nargs="?", help="the prompt text (default: the start of the KJV excerpt in hqkv/data)")
-    p.add_argument("--file", help="read the prompt from a file")
-    p.add_argument("--prompt-tokens", type=int, default=1024, help="cut the default prompt to this many tokens (default 1024)")
-    p.add_argument("--formats", default="hq-e8-2b,bf16", help="the two formats to compare (default hq-e8-2b,bf16)")
-    _engine_args(p, "vram.kv_pool_bytes, the same for both formats (default 64Mi)")
-    p.add_argument("--max-tokens", type=int, default=24, help="new tokens (default 24, greedy)")
 
 def demo_report(prompt:str|None=None, # text (default: the KJV excerpt cut to `prompt_tokens`)
                 prompt_tokens:int=1024, formats=("hq-e8-2b", "bf16"), max_tokens:int=24,
@@ -656,44 +460,10 @@ def demo_report(prompt:str|None=None, # text (default: the KJV excerpt cut to `p
     for i, f in enumerate(formats):
         if i: eng.reconfigure(**own(f))
         r = eng.generate(ids, max_new_tokens=max_tokens, stop=set())
-        runs[f] = dict(text=r.text, tokens=r.output_ids, plan=eng.plan.as_dict(), key_profile=eng.key_profile, vram_plan=eng.plan_line(), **_rates(r))
+        runs[f] = dict(text=r.text, tokens=r.output_ids, plan=eng.plan.as_dict(), key_profile=eng.key_profile, vram_plan=eng.plan_line(), **request_rates(r))
     a, b = (runs[f]["tokens"] for f in formats)
     d = first_difference(a, b)
     piece = lambda t: repr(eng.tokenizer.decode(t[d:d + 1])) if d < len(t) else "(end)"
     return dict(model=eng.lm.name, prompt_tokens=len(ids), prompt_tail=eng.tokenizer.decode(ids[-24:]), formats=list(formats), runs=runs, first_difference=d,
                 first_difference_pieces=None if d is None else [piece(a), piece(b)],
                 config=dataclasses.replace(eng.config, **own(formats[0])).as_dict())
-
-def _demo_text(r:dict) -> str:
-    f0, f1 = r["formats"]
-    p0, p1 = (r["runs"][f]["plan"] for f in (f0, f1))
-    out = [f"hqkv demo: {r['model']}, {r['prompt_tokens']:,} prompt tokens, {len(r['runs'][f0]['tokens'])} new tokens (greedy), "
-           f"budget {p0['budget']['amount']:,} {p0['budget']['unit']}, window {r['config']['kv.window_sinks']}+{r['config']['kv.window_recent']} exact tokens", ""]
-    name = lambda f, p: f + "".join(f" k{l}:{x}" for l, x in p["key_formats"].items())   # per-layer key formats, if any
-    W = max(10, len(name(f0, p0)), len(name(f1, p1)))
-    out.append(f"{'format':<{W}} {'bits':>5} {'B/token':>8} {'pool tokens':>12} {'x tokens':>9}  decode tok/s")
-    for f, p in ((f0, p0), (f1, p1)):
-        dt = r["runs"][f]["decode_tokens_per_s"]
-        out.append(f"{name(f, p):<{W}} {p['bits_per_value']:>5.3g} {p['bytes_per_token']:>8,} {p['tokens']:>12,} {p['tokens'] / p1['tokens']:>8.2f}x  "
-                   + (f"{dt:.2f}" if dt else "- (one token)"))
-    out += [r["runs"][f0]["vram_plan"], r["runs"][f1]["vram_plan"], "", f"prompt ends: {r['prompt_tail']!r}"]
-    w = max(len(f0), len(f1))
-    for f in (f0, f1): out.append(f"{f:>{w}}: {r['runs'][f]['text']!r}")
-    d = r["first_difference"]
-    if d is None: out.append(f"the two agree on all {len(r['runs'][f0]['tokens'])} new tokens")
-    else:
-        p0, p1 = r["first_difference_pieces"]
-        out.append(f"first difference at new token {d + 1}: {f0} {p0} vs {f1} {p1}" + (f" (the first {d} agree)" if d else ""))
-    return "\n".join(out)
-
-def _demo_run(a) -> int:
-    flags = _engine_flags(a); flags.pop("kv_format")
-    cfg = EngineConfig.resolve(flags, config=a.config)
-    demo = {k: v for k, v in DEMO_DEFAULTS.items() if cfg.sources[k] == "default"}   # below flag, environment and file
-    cfg = dataclasses.replace(cfg, **demo, sources=cfg.sources | {k: "demo default" for k in demo})
-    text = None if a.prompt is None and a.file is None else _prompt_text(a)
-    r = demo_report(text, a.prompt_tokens, [f.strip() for f in a.formats.split(",")], a.max_tokens, cfg)
-    print(json.dumps(r, indent=1) if a.json else _demo_text(r))
-    return 0
-
-register_command("demo", "the same prompt through hq-e8-2b and bf16 pages on one byte budget: plans, texts, first difference", _demo_setup, _demo_run)

@@ -194,6 +194,10 @@ class ModelRunner:
     def state_bytes(self) -> int:
         "Fixed bytes per lane outside the pool: sliding rings plus linear-attention states (allocated at the first step)."
         return (self.rings.lane_bytes if self.rings else 0) + (self.linear.lane_bytes if self.linear else 0)
+    @property
+    def resumable(self) -> bool:
+        "Whether a sequence can start after prefix pages it shares: every layer's state is in the pool (no sliding rings, no linear states)."
+        return self.rings is None and self.linear is None
 
 # %% ../nbs/40b_model_runner.ipynb #878f1f4b
 from fastcore.basics import patch

@@ -13,7 +13,6 @@ import torch
 from torch import Tensor
 from .codec import list_codecs, codec_class, asked_codec_opts
 from .sizing import get_geometry, bytes_per_token, key_formats_of
-from .cli import register_command
 from .fixtures import kjv_from_bible
 
 # %% auto #0
@@ -467,39 +466,6 @@ def write_table(rows:list, # `summarize` output
     return md, js
 
 # %% ../nbs/50_quality.ipynb #07192d07
-def _ints(s:str)->list:
-    try: v = [int(x) for x in s.split(",") if x.strip()]
-    except ValueError: raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
-    if not v or min(v) < 1: raise argparse.ArgumentTypeError(f"expected positive integers, got {s!r}")
-    return v
-
-def _depths(s:str)->list:
-    try: v = [float(x) for x in s.split(",") if x.strip()]
-    except ValueError: raise argparse.ArgumentTypeError(f"expected comma-separated depths in [0, 1], got {s!r}") from None
-    if not v or not all(0 <= x <= 1 for x in v): raise argparse.ArgumentTypeError(f"depths must be in [0, 1], got {s!r}")
-    return v
-
-def _eval_setup(p:argparse.ArgumentParser):
-    p.add_argument("task", choices=("kld", "niah"), help="kld: KLD / top-1 / delta NLL against bf16 on windows of text; niah: pass-key retrieval")
-    p.add_argument("--model", default=GEOMETRY, help=f"{GEOMETRY} (bundled, hqkv's own forward and pool), a packaged test model, a .gguf file or a "
-                   "transformers model directory (through hqkv.hf.HQKVCache); default: %(default)s")
-    p.add_argument("--format", default="hq-e8-2b", help="KV format(s), comma-separated (default: hq-e8-2b)")
-    p.add_argument("--context", type=_ints, default=None, help="tokens per window / haystack, comma-separated (default: 4096 for kld, 2048 for niah)")
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--text", default=None, help=f"text: {', '.join(TEXTS)} (default: kjv)")
-    src.add_argument("--text-file", default=None, help="any UTF-8 text file instead of --text")
-    p.add_argument("--window-sinks", type=int, default=32, help="first tokens kept exact (kv.window_sinks; default 32)")
-    p.add_argument("--window-recent", type=int, default=512, help="latest tokens kept exact (kv.window_recent; default 512; 0 0 turns the window off)")
-    p.add_argument("--key-profile", default="auto", help="auto (the model's profile from `hqkv calibrate`, or the shipped one, for rotated formats), off, or a profile file (default: auto)")
-    p.add_argument("--key-formats", default=None, help="some layers' keys in their own format, e.g. '5=tbq3,11=tbq3' (kv.key_formats; default: none)")
-    p.add_argument("--chunk", type=int, default=1024, help="prefill chunk (default 1024)")
-    p.add_argument("--windows", type=int, default=1, help="kld: windows per context, spread over the text (default 1)")
-    p.add_argument("--score-last", type=int, default=1024, help="kld: positions scored at the end of each window (default 1024)")
-    p.add_argument("--depths", type=_depths, default=[0.0, 0.25, 0.5, 0.75, 1.0], help="niah: needle depths (default 0,0.25,0.5,0.75,1)")
-    p.add_argument("--trials", type=int, default=1, help="niah: keys per context and depth (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="niah: key seed (default 0)")
-    p.add_argument("--no-oracle", action="store_true", help="niah: do not run the bf16 oracle")
-
 def eval_variants(formats:str, # comma-separated format names
                   sinks:int, recent:int, # the exact window (0, 0: none)
                   key_profile, # 'auto', 'off' or a profile path
@@ -519,40 +485,3 @@ def eval_variants(formats:str, # comma-separated format names
         if p is not None: prof = p
         vs.append(KVVariant(f, window=bool(sinks or recent), key_profile=p is not None, sinks=sinks, recent=recent, key_formats=key_formats or ()))
     return _variants(vs), prof
-
-def _eval_run(args)->int:
-    for n in ("chunk", "windows", "score_last", "trials"):
-        if getattr(args, n) < 1: raise ValueError(f"--{n.replace('_', '-')} must be >= 1, got {getattr(args, n)}")
-    name = None if args.text_file else (args.text or "kjv")
-    text = eval_text(name, args.text_file)                            # fails before the model loads
-    contexts = args.context or ([4096] if args.task == "kld" else [2048])
-    if args.key_formats and args.model != GEOMETRY:
-        raise ValueError(f"--key-formats names layers of the bundled {GEOMETRY} (the pool's per-layer key formats); other models take one format for every layer for now")
-    if args.model == GEOMETRY:
-        from hqkv.models.gemma3 import load_gemma3
-        model, geometry = load_gemma3(), GEOMETRY
-    else:
-        from hqkv.models.load import load_causal_lm
-        model = HFModel(load_causal_lm(args.model)); geometry = model.geometry
-    room = model.cfg.max_position - (6 if args.task == "niah" else 0)   # niah: the prompt is followed by 6 teacher-forced answer tokens
-    if max(contexts) > room: raise ValueError(f"--context {max(contexts)} exceeds the model's context of {model.cfg.max_position}" + (" minus the 6 answer tokens" if args.task == "niah" else ""))
-    vs, prof = eval_variants(args.format, args.window_sinks, args.window_recent, args.key_profile, model, args.key_formats)
-    ids = model.tokenizer.encode(text, add_bos=False)
-    meta = dict(task=args.task, model=GEOMETRY if geometry == GEOMETRY else model.identity.short(), text=name or str(args.text_file), text_tokens=len(ids), contexts=contexts, chunk=args.chunk,
-                key_profile=None if prof is None else prof.tag, threads=torch.get_num_threads())
-    t0 = time.perf_counter()
-    if args.task == "kld":
-        if args.score_last > min(contexts): raise ValueError(f"--score-last {args.score_last} is longer than --context {min(contexts)}")
-        recs = run_kld(model, ids, contexts, args.windows, vs, args.chunk, args.score_last, prof, log=None)
-        meta.update(windows=args.windows, score_last=args.score_last)
-        rows = summarize(recs, geometry=geometry)
-    else:
-        recs = run_niah(model, ids, contexts, args.depths, ([] if args.no_oracle else [ORACLE]) + vs, args.trials, args.seed, args.chunk, prof, log=None)
-        meta.update(depths=args.depths, trials=args.trials, seed=args.seed)
-        rows = summarize([], recs, geometry=geometry)
-    meta["seconds"] = round(time.perf_counter() - t0, 1)
-    if args.json: print(json.dumps(dict(meta=meta, rows=rows, records=recs), indent=1))
-    else: print(table_markdown(rows) + "\n\n" + ", ".join(f"{k}={v}" for k, v in meta.items()))
-    return 0
-
-register_command("eval", "measure a KV format against the bf16 oracle on real text: kld (KLD, top-1, delta NLL) or niah (pass-key retrieval)", _eval_setup, _eval_run)

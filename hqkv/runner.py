@@ -17,8 +17,8 @@ from .pool import KVPool, Admission, PageTable
 
 # %% auto #0
 __all__ = ['ATTN_BACKENDS', 'StepPlan', 'SeqUndo', 'window_put', 'window_into', 'window_rows', 'AttnBackend', 'encode_store',
-           'gqa_attention', 'GatherDecode', 'GatherPlan', 'gqa_padded', 'GatherAttn', 'PagedPlan', 'PagedAttn',
-           'get_backend', 'default_backend', 'PagedKV', 'SeqKV']
+           'gqa_attention', 'GatherDecode', 'GatherPlan', 'gqa_padded', 'GatherAttn', 'page_rows_decoded', 'PagedPlan',
+           'PagedAttn', 'get_backend', 'default_backend', 'PagedKV', 'SeqKV']
 
 # %% ../nbs/40a_runner.ipynb #e9dde35e
 @dataclass(slots=True, eq=False)
@@ -234,14 +234,16 @@ class GatherAttn:
         return vc.unrotate(out)
 
 # %% ../nbs/40a_runner.ipynb #11530a16
-@patch
-def _rows(self:GatherAttn, kv, li:int, src:Tensor) -> tuple[Tensor, Tensor]:
-    "Decoded K and V (codec domains) of flat page rows `src` of layer `li` (one decode call when keys and values share a codec)."
+def page_rows_decoded(kv, li:int, src:Tensor) -> tuple[Tensor, Tensor]:
+    "Decoded K and V (codec domains, as the window holds rows) of flat page rows `src` of layer `li` (one decode call when keys and values share a codec)."
     kc, vc, kp, vp = kv.k_codecs[li], kv.v_codecs[li], kv.pool.k(li), kv.pool.v(li)
     H = kp.shape[2]
     ks, vs = kp.view(-1, H, kp.shape[3]).index_select(0, src), vp.view(-1, H, vp.shape[3]).index_select(0, src)   # ~10x faster than indexing
     if kc is vc: both = kc.decode_rotated(torch.cat([ks, vs])); return both[:len(src)], both[len(src):]
     return kc.decode_rotated(ks), vc.decode_rotated(vs)
+
+@patch
+def _rows(self:GatherAttn, kv, li, src): return page_rows_decoded(kv, li, src)
 
 @patch
 def _decode(self:GatherAttn, kv, li:int, d:GatherDecode, qr, kr, vr, scale, softcap) -> Tensor:
@@ -441,11 +443,32 @@ def attach(self:PagedKV, seq_id:Hashable, admission:Admission|None=None) -> int:
     return lane
 
 @patch
-def admit(self:PagedKV, seq_id:Hashable, prompt_ids, max_new_tokens:int) -> Admission:
+def admit(self:PagedKV, seq_id:Hashable, prompt_ids, max_new_tokens:int,
+          resume:bool=False) -> Admission: # start after the shared prefix pages: rebuild the window from them (`PagedKV.resume`)
     "Admit a request in the pool (`PoolFull` if it must wait, ValueError if it never fits) and attach it."
     a = self.pool.admit(seq_id, prompt_ids, max_new_tokens)
     self.attach(seq_id, a)
+    if resume: self.resume(seq_id)
     return a
+
+@patch(as_prop=True)
+def exact_resume(self:PagedKV) -> bool:
+    "Whether a window rebuilt from pages holds what the window held: no window, or bf16 pages (the window's own rows)."
+    return self.windows is None or all(c.name == "bf16" for c in (*self.k_codecs, *self.v_codecs))
+
+@patch
+def resume(self:PagedKV, seq_id:Hashable) -> int:
+    "Make an attached sequence continue after the prefix pages it shares: its window's sinks and latest rows come from those pages; returns where its prefill starts."
+    a, lane = self.admissions.get(seq_id), self.lanes[seq_id]
+    U = a.reused_tokens if a is not None else 0
+    if not U or self.windows is None: return U
+    S, R, dev = self.sinks, self.recent, self.pool.device
+    spans = [(a0, b0) for a0, b0 in ((0, min(S, U)), (max(S, U - R) if R else U, U)) if b0 > a0]
+    srcs = [(a0, _page_rows(self, seq_id, a0, b0).to(dev)) for a0, b0 in spans]
+    for li, w in enumerate(self.windows):
+        for a0, src in srcs: window_put(w, lane, a0, *page_rows_decoded(self, li, src))
+        w.lens[lane] = U
+    return U
 
 @patch
 def release(self:PagedKV, seq_id:Hashable, cancel:bool=False):

@@ -58,17 +58,20 @@ class Scheduler:
     "The waiting queue and the running batch: admission (whole bound reserved), a prefill budget per step, a stated policy."
     def __init__(self, kv, # what admits and releases sequences: a `hqkv.runner.PagedKV` (admit / release), or anything with both
                  max_batch:int=8, # engine.max_batch: requests running at once
-                 prefill_chunk:int=1024, # engine.prefill_chunk: prompt tokens per step
-                 policy:str="decode-first"):
+                 prefill_chunk:int=1024, # engine.prefill_chunk: where prompts are cut (a chunk is at most this many tokens)
+                 policy:str="decode-first",
+                 step_tokens:int|None=None, # engine.step_tokens: tokens per step, decodes and chunks together (None: `prefill_chunk` prompt tokens beside the decodes)
+                 skip_reused:bool=False): # prefill starts after the prompt tokens the prefix cache already holds (the kv rebuilds what it needs)
         if policy not in POLICIES: raise ValueError(f"unknown scheduling policy {policy!r}; choose one of {', '.join(POLICIES)}")
-        for n, x in (("max_batch", max_batch), ("prefill_chunk", prefill_chunk)):
+        for n, x in (("max_batch", max_batch), ("prefill_chunk", prefill_chunk)) + ((("step_tokens", step_tokens),) if step_tokens is not None else ()):
             if isinstance(x, bool) or not isinstance(x, int) or x < 1: raise ValueError(f"{n} must be a positive int, got {x!r}")
-        self.kv, self.max_batch, self.prefill_chunk, self.policy = kv, max_batch, prefill_chunk, policy
+        self.kv, self.max_batch, self.prefill_chunk, self.policy, self.step_tokens, self.skip_reused = kv, max_batch, prefill_chunk, policy, step_tokens, skip_reused
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []    # in admission order
         self.refused: list[Request] = []    # refused since the last `schedule` (the engine reports them)
+        self.admitted: list[Request] = []   # admitted since the last `schedule` (the engine counts their reused prefix)
 
-    def __repr__(self): return f"Scheduler({self.policy}, running={len(self.running)}/{self.max_batch}, waiting={len(self.waiting)}, prefill_chunk={self.prefill_chunk})"
+    def __repr__(self): return f"Scheduler({self.policy}, running={len(self.running)}/{self.max_batch}, waiting={len(self.waiting)}, prefill_chunk={self.prefill_chunk}, step_tokens={self.step_tokens})"
     @property
     def idle(self) -> bool: return not (self.running or self.waiting)
     def add(self, r:Request):
@@ -79,7 +82,7 @@ class Scheduler:
         "Move waiting requests into the batch, first come first served, while the pool can reserve their whole bound."
         while self.waiting and len(self.running) < self.max_batch:
             r = self.waiting[0]
-            try: a = self.kv.admit(r.id, r.prompt_ids, r.max_new_tokens)
+            try: a = self.kv.admit(r.id, r.prompt_ids, r.max_new_tokens, **({"resume": True} if self.skip_reused else {}))
             except PoolFull: break                # the head waits for pages; the others wait behind it
             except ValueError as e:               # it can never fit: refused, the queue moves on
                 self.waiting.popleft()
@@ -87,16 +90,21 @@ class Scheduler:
                 self.refused.append(r); continue
             self.waiting.popleft()
             r.status, r.reused_tokens = "prefill", getattr(a, "reused_tokens", 0)
+            r.prefilled = r.reused_tokens if self.skip_reused else 0
+            self.admitted.append(r)
             self.running.append(r)
 
     def schedule(self) -> list[Work]:
         "Admit what fits, then this step's work under the policy (empty when nothing can run)."
         self._admit()
         dec = [Work(r, [r.output_ids[-1]], r.length) for r in self.running if r.status == "decode"]
-        pre, budget = [], self.prefill_chunk
+        if self.step_tokens is None: budget = self.prefill_chunk
+        else: budget = self.step_tokens - (len(dec) if self.policy == "decode-first" else 0)
+        pre = []
         for r in self.running:                    # admission order: the oldest prompt first
+            if r.status != "prefill": continue
             n = min(self.prefill_chunk, len(r.prompt_ids) - r.prefilled)   # its next whole chunk: cut where it would be cut alone
-            if r.status == "prefill" and n <= budget:
+            if n <= budget or not pre:            # the oldest prompt advances even past the budget
                 pre.append(Work(r, r.prompt_ids[r.prefilled:r.prefilled + n], r.prefilled)); budget -= n
         if self.policy == "prefill-first" and pre: return pre
         return dec + pre

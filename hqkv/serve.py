@@ -9,8 +9,7 @@ from __future__ import annotations
 import asyncio, json, logging, queue, threading, time, uuid
 from dataclasses import dataclass, field
 from typing import Any
-from .engine import Engine, EngineConfig, SamplingParams, _engine_args, _engine_flags
-from .cli import register_command
+from .engine import Engine, EngineConfig, SamplingParams
 try: from starlette.requests import Request     # the type FastAPI injects by annotation (fastapi: the `serve` extra)
 except ImportError: Request = None
 
@@ -303,38 +302,6 @@ async def _stream(worker:EngineWorker, job:Job, rid:str, created:int, name:str, 
             return
     finally:
         if not job.closed: worker.cancel(job)
-
-# %% ../nbs/43_serve.ipynb #54f8870f
-def _serve_setup(p):
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free port, printed at start)")
-    p.add_argument("--format", help="model.kv_format: the pages' KV format (default hq-e8-2b)")
-    _engine_args(p, "vram.kv_pool_bytes: bytes ('512Mi') or tokens ('64Ktok') (default 64Ktok)")
-    p.add_argument("--max-waiting", type=int, default=64, help="requests that may wait for pages before the door answers 429 (default 64)")
-    p.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens when a request gives none (default 256)")
-
-def _serve_run(a) -> int:
-    import socket, uvicorn
-    if a.max_waiting < 1: raise ValueError(f"--max-waiting must be >= 1, got {a.max_waiting}")
-    import signal
-    sock = socket.socket(socket.AF_INET6 if ":" in a.host else socket.AF_INET); sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try: sock.bind((a.host, a.port))                 # before the model loads: a busy port fails at once
-    except OSError as e: raise ValueError(f"cannot listen on {a.host}:{a.port}: {e.strerror}") from None
-    eng = Engine(EngineConfig.resolve(_engine_flags(a), config=a.config))
-    print(eng.plan_line(), flush=True)
-    worker = EngineWorker(eng, a.max_waiting)
-    server = uvicorn.Server(uvicorn.Config(make_app(worker, eng.lm.name, a.default_max_tokens), log_level="warning"))
-    http = threading.Thread(target=server.run, kwargs=dict(sockets=[sock]), name="hqkv-http", daemon=True)
-    def stop(*_): server.should_exit = True; worker._inbox.put(("stop", None))
-    signal.signal(signal.SIGTERM, stop)
-    http.start()
-    print(f"hqkv serve: {eng.lm.name} on http://{a.host}:{sock.getsockname()[1]}/v1", flush=True)
-    try: worker.run()                                # the engine owns the main thread; the HTTP side runs beside it
-    except KeyboardInterrupt: pass
-    finally: stop(); http.join(10)
-    return 0
-
-register_command("serve", "an OpenAI-compatible HTTP server (completions, chat, streaming, /metrics) over the engine", _serve_setup, _serve_run)
 
 # %% ../nbs/43_serve.ipynb #0c710f12
 def _pct(xs:list, p:float) -> float|None:

@@ -96,6 +96,30 @@ def test_400_and_429(server):
     assert m["hqkv_kv_pool_used_pages"] == 0
 
 
+def test_multi_turn_chat_reuses_the_history(server):
+    """A chat's second turn resends the first: its shared pages are reused (counted in /metrics), only the rest
+    is computed, and the answer is the one a server without prefix reuse gives."""
+    base, d = server
+    c = openai.OpenAI(base_url=base + "/v1", api_key="none")
+    msgs = [{"role": "user", "content": "the god said unto the " * 30}]            # 150 words: two full pages of history
+    first = c.chat.completions.create(model="tiny-llama", messages=msgs, max_tokens=6, temperature=0).choices[0].message.content
+    msgs += [{"role": "assistant", "content": first}, {"role": "user", "content": "and the god"}]
+    m0 = metrics(base)
+    second = c.chat.completions.create(model="tiny-llama", messages=msgs, max_tokens=6, temperature=0)
+    m = metrics(base)
+    reused = m["hqkv_engine_prefix_reused_tokens_total"] - m0["hqkv_engine_prefix_reused_tokens_total"]
+    computed = m["hqkv_engine_prefill_tokens_total"] - m0["hqkv_engine_prefill_tokens_total"]
+    assert reused >= 128 and computed == second.usage.prompt_tokens - reused, (reused, computed, second.usage)
+    p, base2 = start(d, "--format", "bf16", "--budget", "2Ktok", "--context", "512", "--prefill-chunk", "64", "--no-prefix-reuse")
+    try:
+        c2 = openai.OpenAI(base_url=base2 + "/v1", api_key="none")
+        c2.chat.completions.create(model="tiny-llama", messages=msgs[:1], max_tokens=6, temperature=0)
+        again = c2.chat.completions.create(model="tiny-llama", messages=msgs, max_tokens=6, temperature=0)
+        assert metrics(base2)["hqkv_engine_prefill_tokens_total"] >= again.usage.prompt_tokens   # every prompt token computed
+    finally: stop(p)
+    assert again.choices[0].message.content == second.choices[0].message.content
+
+
 def test_disconnect_returns_pages(server):
     base, _ = server
     with httpx.stream("POST", base + "/v1/completions", json={"prompt": "the god " * 60, "max_tokens": 300, "temperature": 0, "stream": True}, timeout=60) as r:
