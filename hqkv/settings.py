@@ -208,5 +208,9 @@ def settings_flags(args:argparse.Namespace) -> dict:
     return {s.field: getattr(args, s.field) for s in SETTINGS if getattr(args, s.field, None) is not None}
 
 def config_from_args(args:argparse.Namespace, env:Mapping|None=None, **fixed) -> EngineConfig:
-    "`EngineConfig.resolve` of a command's flags (and `fixed` values, which beat them) over the environment and `--config`."
-    return EngineConfig.resolve(settings_flags(args) | fixed, env=env, config=getattr(args, "config", None))
+    "`EngineConfig.resolve` of a command's flags (and `fixed` values, which beat them) over the environment and `--config`; a bad flag is named."
+    flags = settings_flags(args)
+    for f, v in flags.items():
+        try: EngineConfig(**{f: v})
+        except (TypeError, ValueError) as e: raise type(e)(f"{SETTING[f].flag} {v}: {e}") from None
+    return EngineConfig.resolve(flags | fixed, env=env, config=getattr(args, "config", None))
