@@ -119,7 +119,7 @@ def _depths(s:str)->list:
     if not v or not all(0 <= x <= 1 for x in v): raise argparse.ArgumentTypeError(f"depths must be in [0, 1], got {s!r}")
     return v
 
-_EVAL_SETTINGS = ("model", "window_sinks", "window_recent", "key_profile", "key_formats", "prefill_chunk")
+_EVAL_SETTINGS = ("model", "window_sinks", "window_recent", "key_profile", "key_formats", "value_formats", "prefill_chunk")
 
 def _eval_setup(p:argparse.ArgumentParser):
     from hqkv.quality import TEXTS
@@ -131,6 +131,9 @@ def _eval_setup(p:argparse.ArgumentParser):
     src.add_argument("--text-file", default=None, help="any UTF-8 text file instead of --text")
     add_settings(p, fields=_EVAL_SETTINGS)
     p.add_argument("--chunk", dest="prefill_chunk", type=int, default=None, help=argparse.SUPPRESS)   # the flag's old name
+    p.add_argument("--regime", choices=("decode", "prefill"), default="decode",
+                   help="decode: the scored positions one token per forward, every key older than the window from the pages (default); "
+                        "prefill: in prefill chunks, each also seeing its own chunk exactly")
     p.add_argument("--windows", type=int, default=1, help="kld: windows per context, spread over the text (default 1)")
     p.add_argument("--score-last", type=int, default=1024, help="kld: positions scored at the end of each window (default 1024)")
     p.add_argument("--depths", type=_depths, default=[0.0, 0.25, 0.5, 0.75, 1.0], help="niah: needle depths (default 0,0.25,0.5,0.75,1)")
@@ -147,8 +150,8 @@ def _eval_run(args)->int:
     name = None if args.text_file else (args.text or "kjv")
     text = eval_text(name, args.text_file)                            # fails before the model loads
     contexts = args.context or ([4096] if args.task == "kld" else [2048])
-    if cfg.key_formats and cfg.model != GEOMETRY:
-        raise ValueError(f"--key-formats names layers of the bundled {GEOMETRY} (the pool's per-layer key formats); other models take one format for every layer for now")
+    if (cfg.key_formats or cfg.value_formats) and cfg.model != GEOMETRY:
+        raise ValueError(f"--key-formats and --value-formats name layers of the bundled {GEOMETRY} (the pool's per-layer formats); other models take one format for every layer for now")
     if cfg.model == GEOMETRY:
         from hqkv.models.gemma3 import load_gemma3
         model, geometry = load_gemma3(), GEOMETRY
@@ -157,18 +160,18 @@ def _eval_run(args)->int:
         model = HFModel(load_causal_lm(cfg.model)); geometry = model.geometry
     room = model.cfg.max_position - (6 if args.task == "niah" else 0)   # niah: the prompt is followed by 6 teacher-forced answer tokens
     if max(contexts) > room: raise ValueError(f"--context {max(contexts)} exceeds the model's context of {model.cfg.max_position}" + (" minus the 6 answer tokens" if args.task == "niah" else ""))
-    vs, prof = eval_variants(args.format, cfg.window_sinks, cfg.window_recent, str(cfg.key_profile), model, cfg.key_formats or None)
+    vs, prof = eval_variants(args.format, cfg.window_sinks, cfg.window_recent, str(cfg.key_profile), model, cfg.key_formats or None, cfg.value_formats or None)
     ids = model.tokenizer.encode(text, add_bos=False)
     meta = dict(task=args.task, model=GEOMETRY if geometry == GEOMETRY else model.identity.short(), text=name or str(args.text_file), text_tokens=len(ids), contexts=contexts, chunk=chunk,
-                key_profile=None if prof is None else prof.tag, threads=torch.get_num_threads())
+                regime=args.regime, key_profile=None if prof is None else prof.tag, threads=torch.get_num_threads())
     t0 = time.perf_counter()
     if args.task == "kld":
         if args.score_last > min(contexts): raise ValueError(f"--score-last {args.score_last} is longer than --context {min(contexts)}")
-        recs = run_kld(model, ids, contexts, args.windows, vs, chunk, args.score_last, prof, log=None)
+        recs = run_kld(model, ids, contexts, args.windows, vs, chunk, args.score_last, prof, log=None, regime=args.regime)
         meta.update(windows=args.windows, score_last=args.score_last)
         rows = summarize(recs, geometry=geometry)
     else:
-        recs = run_niah(model, ids, contexts, args.depths, ([] if args.no_oracle else [ORACLE]) + vs, args.trials, args.seed, chunk, prof, log=None)
+        recs = run_niah(model, ids, contexts, args.depths, ([] if args.no_oracle else [ORACLE]) + vs, args.trials, args.seed, chunk, prof, log=None, regime=args.regime)
         meta.update(depths=args.depths, trials=args.trials, seed=args.seed)
         rows = summarize([], recs, geometry=geometry)
     meta["seconds"] = round(time.perf_counter() - t0, 1)

@@ -142,7 +142,7 @@ class Engine:
     def idle(self) -> bool: return self.scheduler.idle
     def __repr__(self):
         c = self.config
-        kf = f", key_formats={c.key_formats}" if self.pool.key_formats else ""
+        kf = (f", key_formats={c.key_formats}" if self.pool.key_formats else "") + (f", value_formats={c.value_formats}" if self.pool.value_formats else "")
         return (f"Engine({self.lm.name}, {c.kv_format}{kf}, pool={self.pool.num_pages} pages, window={c.window_sinks}+{c.window_recent}, "
                 f"key_profile={self.key_profile}, attn={self.paged.attn}, {c.policy}, running={len(self.running)}, waiting={len(self.waiting)})")
 
@@ -159,7 +159,7 @@ def _build(self:Engine, cfg:EngineConfig):
         raise ValueError(f"the model is {p0.dtype} on {p0.device}, the config asks for {cfg.dtype} on {cfg.device}: "
                          "load the model that way (or pass model=) and build a new Engine")
     p = plan(self.geometry, cfg.kv_format, cfg.kv_pool_bytes, context=cfg.max_context, exact_tokens=cfg.window_sinks + cfg.window_recent,
-             key_formats=cfg.key_formats)   # a key format for a layer the model does not have: ValueError
+             key_formats=cfg.key_formats, value_formats=cfg.value_formats)   # a format for a layer the model does not have: ValueError
     have = memory_bytes(cfg.device)
     if p.bytes + cfg.max_batch * p.state_bytes > have:
         raise ValueError(f"vram.kv_pool_bytes={cfg.kv_pool_bytes!r} asks for {p.bytes:,} bytes of pages (+ {cfg.max_batch * p.state_bytes:,} of fixed state "
@@ -172,8 +172,8 @@ def _build(self:Engine, cfg:EngineConfig):
     from hqkv.calibrate import describe_key_profile
     prof = engine_key_profile(str(cfg.key_profile), cfg.kv_format, lm)   # a profile of another model: ValueError
     # naming a format in kv.key_formats is asking for it (tbq3 as the whole pool's format stays refused unless HQKV_ALLOW_TBQ3=1)
-    opts = {f: asked_codec_opts(f) for _, f in p.key_formats}
-    pool = KVPool(self.geometry, cfg.kv_format, cfg.kv_pool_bytes, device=cfg.device, key_formats=p.key_formats, codec_opts=opts)
+    opts = {f: asked_codec_opts(f) for _, f in p.key_formats + p.value_formats}
+    pool = KVPool(self.geometry, cfg.kv_format, cfg.kv_pool_bytes, device=cfg.device, key_formats=p.key_formats, value_formats=p.value_formats, codec_opts=opts)
     paged = PagedKV(pool, window_sinks=cfg.window_sinks, window_recent=cfg.window_recent, attn=cfg.attn, lanes=cfg.max_batch, key_profile=prof)
     runner = ModelRunner(lm, paged)   # a model the backend cannot run (soft-capping on ref/triton, a profile with soft-capping): ValueError
     self.config, self.pool, self.paged, self.runner, self.plan, self.key_profile = cfg, pool, paged, runner, p, describe_key_profile(prof)
@@ -450,7 +450,7 @@ def demo_report(prompt:str|None=None, # text (default: the KJV excerpt cut to `p
     "Greedy generation of one prompt in two KV formats on the same byte budget: plans, texts, rates, first difference."
     if len(formats) != 2: raise ValueError(f"demo compares two formats, got {list(formats)}")
     cfg = config or EngineConfig(**DEMO_DEFAULTS)
-    own = lambda f: dict(kv_format=f, key_formats="" if f == "bf16" else cfg.key_formats)   # kv.key_formats never touches the bf16 oracle
+    own = lambda f: dict(kv_format=f, key_formats="" if f == "bf16" else cfg.key_formats, value_formats="" if f == "bf16" else cfg.value_formats)   # never the bf16 oracle
     eng = Engine(dataclasses.replace(cfg, **own(formats[0])))
     if prompt is None:
         _int("prompt_tokens", prompt_tokens, 1)

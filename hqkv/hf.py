@@ -283,6 +283,7 @@ class HQKVCache(Cache):
                  window_sinks:int=32, window_recent:int=512, # kv.window_sinks, kv.window_recent: kept exact (bf16)
                  key_profile="auto", # "auto" (the model's profile from `hqkv calibrate`, rotated formats), "off", a file, or a `KeyProfile`
                  key_formats=None, # some full-attention layers' keys in their own format: {layer index: format} or '5=tbq3,11=tbq3'
+                 value_formats=None, # ... and values, the same way
                  **codec_opts): # passed to `get_codec` for kv_format, e.g. allow=True for tbq3 (a format named in key_formats is asked for)
         cfg = model.config if isinstance(model, PreTrainedModel) else model
         if not isinstance(cfg, PretrainedConfig):
@@ -301,16 +302,19 @@ class HQKVCache(Cache):
         except ValueError as e: raise ValueError(f"HQKVCache: cannot store this model's K/V (head_dim {D}) as {kv_format!r}: {e}") from e
         full = tuple(i for i, t in enumerate(types) if t == "full_attention")
         kf = dict(parse_key_formats(key_formats, full, D, kv_format, "this model"))   # a layer that is not full attention: ValueError
+        vf = dict(parse_key_formats(value_formats, full, D, kv_format, "this model", what="value"))
         k_codecs = {l: get_codec(f, head_dim=D, **asked_codec_opts(f)) for l, f in kf.items()}
+        v_codecs = {l: get_codec(f, head_dim=D, **asked_codec_opts(f)) for l, f in vf.items()}
+        for l in v_codecs: k_codecs.setdefault(l, codec)    # a layer's value codec given alone: its keys stay in kv_format
         key_profile = cache_key_profile(key_profile, model, kv_format)
         if key_profile is not None:
             key_profile.check_geometry(full, getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads, D)
         slot = {l: j for j, l in enumerate(full)}
-        layers = [HQKVLayer(codec, cfg, window_sinks, window_recent, key_profile, slot[i], k_codecs.get(i)) if t == "full_attention"
+        layers = [HQKVLayer(v_codecs.get(i, codec), cfg, window_sinks, window_recent, key_profile, slot[i], k_codecs.get(i)) if t == "full_attention"
                   else DYNAMIC_LAYER_TYPE_MAPPING[t](**kw) for i, (t, kw) in enumerate(zip(types, layer_kwargs))]
         super().__init__(layers=layers)
         self.codec, self.config, self.window_sinks, self.window_recent = codec, cfg, window_sinks, window_recent
-        self.key_profile, self._hqkv_idx, self.key_formats = key_profile, full, kf
+        self.key_profile, self._hqkv_idx, self.key_formats, self.value_formats = key_profile, full, kf, vf
 
     def update(self, key_states:Tensor, value_states:Tensor, layer_idx:int, *args, **kwargs)->tuple[Tensor, Tensor]:
         "Check that no coded layer is left inconsistent, then let layer `layer_idx` update."
@@ -330,7 +334,7 @@ class HQKVCache(Cache):
     @property
     def nbytes(self)->int: return cache_nbytes(self)
     def __repr__(self):
-        kf = "".join(f", layer {l} keys {f}" for l, f in self.key_formats.items())
+        kf = "".join(f", layer {l} keys {f}" for l, f in self.key_formats.items()) + "".join(f", layer {l} values {f}" for l, f in self.value_formats.items())
         return (f"HQKVCache({self.codec.name}{kf}, {len(self.hqkv_layers)} of {len(self.layers)} layers coded, "
                 f"window {self.window_sinks}+{self.window_recent}, key profile {'on' if self.key_profile is not None else 'off'}, "
                 f"seq_len={self.get_seq_length(self.hqkv_layers[0])})")

@@ -341,9 +341,9 @@ class PageTable:
     seq_lens: Tensor       # int32 [B]: tokens per sequence
     page_size: int         # tokens per page
 
-def _pool_salt(g:Geometry, kv_format:str, page_tokens:int, key_formats:tuple=()) -> bytes:
-    "What enters every prefix key: pages of another layout, format, codec version or per-layer key format never match."
-    kf = "".join(f"/k{l}:{f}:v{codec_class(f).version}" for l, f in key_formats)
+def _pool_salt(g:Geometry, kv_format:str, page_tokens:int, key_formats:tuple=(), value_formats:tuple=()) -> bytes:
+    "What enters every prefix key: pages of another layout, format, codec version or per-layer key or value format never match."
+    kf = "".join(f"/k{l}:{f}:v{codec_class(f).version}" for l, f in key_formats) + "".join(f"/V{l}:{f}:v{codec_class(f).version}" for l, f in value_formats)
     return f"hqkv-pool/layout-{POOL_LAYOUT_VERSION}/{g.name}:{g.attn_layers}x{g.kv_heads}x{g.head_dim}/{kv_format}/v{codec_class(kv_format).version}/{page_tokens}{kf}".encode()
 
 # %% ../nbs/20_pool.ipynb #5c226271
@@ -379,17 +379,19 @@ class KVPool:
                  page_tokens:int=64,      # tokens per page
                  device=None,             # where the pages live (default CPU; "meta" for bookkeeping without memory)
                  codec_opts:dict|None=None, # `get_codec` options: one dict for every format ({"allow": True} for a tbq3 pool) or {format: options}
-                 key_formats=None):       # keys of some attention layers in their own format: {model layer id: format} or '5=tbq3,11=tbq3'
+                 key_formats=None,        # keys of some attention layers in their own format: {model layer id: format} or '5=tbq3,11=tbq3'
+                 value_formats=None):     # values of some attention layers in their own format, the same way
         if not isinstance(kv_format, str): raise TypeError(f"kv_format must be a registered format name, got {type(kv_format).__name__}")
-        self.plan: Plan = plan(geometry, kv_format, budget, page_tokens, key_formats=key_formats)   # validates everything it is given
+        self.plan: Plan = plan(geometry, kv_format, budget, page_tokens, key_formats=key_formats, value_formats=value_formats)   # validates everything it is given
         g = self.geometry = get_geometry(geometry)
         if self.plan.pages < 1:
             raise ValueError(f"budget {self.plan.budget} is smaller than one page: a page of {page_tokens} tokens of {g.name} "
                              f"in {kv_format} takes {self.plan.page_bytes:,} bytes ({self.plan.bytes_per_token:,} bytes a token)")
         self.kv_format, self.page_tokens, self.row_bytes = kv_format, page_tokens, row_bytes(kv_format, g.head_dim)
         self.key_formats: dict = dict(self.plan.key_formats)   # {model layer id: format} of the keys not in kv_format
-        self.formats: tuple = tuple((self.key_formats.get(l, kv_format), kv_format) for l in g.attn_ids)   # per pool layer: (K format, V format)
-        self.alloc = PageAllocator(self.plan.pages, page_tokens, _pool_salt(g, kv_format, page_tokens, self.plan.key_formats))
+        self.value_formats: dict = dict(self.plan.value_formats)   # ... and of the values
+        self.formats: tuple = tuple((self.key_formats.get(l, kv_format), self.value_formats.get(l, kv_format)) for l in g.attn_ids)   # per pool layer: (K format, V format)
+        self.alloc = PageAllocator(self.plan.pages, page_tokens, _pool_salt(g, kv_format, page_tokens, self.plan.key_formats, self.plan.value_formats))
         slabs = {}                                             # format -> [(layer, 0 K / 1 V), ...]: one uint8 tensor per format
         for li, pair in enumerate(self.formats):
             for kind, f in enumerate(pair): slabs.setdefault(f, []).append((li, kind))
@@ -402,17 +404,17 @@ class KVPool:
     num_pages = property(lambda self: self.alloc.num_pages, doc="pages in the pool")
     page_bytes = property(lambda self: self.plan.page_bytes, doc="bytes of one page (all attention layers, K and V, all KV heads)")
     device = property(lambda self: next(iter(self.storage.values())).device, doc="where the pages live")
-    mixed = property(lambda self: len(self.storage) > 1, doc="True when some layers' keys are in another format than kv_format")
+    mixed = property(lambda self: len(self.storage) > 1, doc="True when some layers' keys or values are in another format than kv_format")
     @property
     def kv(self) -> Tensor:
         "Every page of a one-format pool: uint8 [attn_layers, 2 (K, V), num_pages, page_tokens, kv_heads, row_bytes]."
-        if self.mixed: raise ValueError(f"a pool with per-layer key formats ({key_formats_str(self.plan.key_formats)}) has no single kv tensor: use k(layer), v(layer) or storage")
+        if self.mixed: raise ValueError(f"a pool with per-layer formats (keys {key_formats_str(self.plan.key_formats) or 'none'}, values {key_formats_str(self.plan.value_formats) or 'none'}) has no single kv tensor: use k(layer), v(layer) or storage")
         g = self.geometry
         return self.storage[self.kv_format].view(g.attn_layers, 2, *self.storage[self.kv_format].shape[1:])
 
     def codec_for(self, fmt:str) -> Codec:
         "The pool's codec of format `fmt` (built on first use, with its `codec_opts`)."
-        if fmt not in self.storage: raise ValueError(f"format {fmt!r} is not stored in this pool ({', '.join(self.storage)})")
+        if fmt not in self.storage and fmt != self.kv_format: raise ValueError(f"format {fmt!r} is not stored in this pool ({', '.join(self.storage)})")
         if fmt not in self._codecs:
             o = self.codec_opts
             opts = o.get(fmt, {}) if o and all(k in list_codecs() for k in o) else o
@@ -485,7 +487,8 @@ class KVPool:
 
     def __repr__(self):
         a = self.alloc
-        kf = f", key_formats={key_formats_str(self.plan.key_formats)}" if self.key_formats else ""
+        kf = (f", key_formats={key_formats_str(self.plan.key_formats)}" if self.key_formats else "") + \
+             (f", value_formats={key_formats_str(self.plan.value_formats)}" if self.value_formats else "")
         return (f"KVPool({self.geometry.name}, {self.kv_format}{kf}, pages={a.num_pages} x {self.page_bytes:,} B, used={a.used_pages}, "
                 f"retained={a.retained_pages}, reserved={a.reserved_pages}, sequences={len(a)}, device={self.device})")
 

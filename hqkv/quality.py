@@ -12,14 +12,15 @@ from pathlib import Path
 import torch
 from torch import Tensor
 from .codec import list_codecs, codec_class, asked_codec_opts
-from .sizing import get_geometry, bytes_per_token, key_formats_of
+from .sizing import get_geometry, bytes_per_token, key_formats_of, value_formats_of
 from .fixtures import kjv_from_bible
 
 # %% auto #0
-__all__ = ['PYDOC_GLOB', 'TEXTS', 'GEOMETRY', 'codec_opts', 'NIAH_INTRO', 'NIAH_NEEDLE', 'NIAH_QUESTION', 'ORACLE', 'kjv_text',
-           'pydoc_text', 'eval_text', 'text_windows', 'KVVariant', 'ProfiledKV', 'kv_state', 'HFTokenizer', 'HFModel',
-           'TokenScores', 'model_identity_of', 'kld_eval', 'NeedlePrompt', 'niah_key', 'niah_prompt', 'niah_score',
-           'text_ids', 'run_kld', 'run_niah', 'summarize', 'table_markdown', 'write_table', 'eval_variants']
+__all__ = ['PYDOC_GLOB', 'TEXTS', 'GEOMETRY', 'codec_opts', 'REGIMES', 'NIAH_INTRO', 'NIAH_NEEDLE', 'NIAH_QUESTION', 'ORACLE',
+           'kjv_text', 'pydoc_text', 'eval_text', 'text_windows', 'KVVariant', 'ProfiledKV', 'kv_state', 'HFTokenizer',
+           'HFModel', 'TokenScores', 'model_identity_of', 'kld_eval', 'NeedlePrompt', 'niah_key', 'niah_prompt',
+           'niah_score', 'text_ids', 'run_kld', 'run_niah', 'summarize', 'table_markdown', 'write_table',
+           'eval_variants']
 
 # %% ../nbs/50_quality.ipynb #137bc602
 def kjv_text()->str:
@@ -88,10 +89,12 @@ class KVVariant:
     sinks: int = 32             # kv.window_sinks
     recent: int = 512           # kv.window_recent
     key_formats: tuple = ()     # (model layer id, format) pairs: those layers' keys in their own format (`KVPool(key_formats=)`)
+    value_formats: tuple = ()   # ... and values (`KVPool(value_formats=)`)
     def __post_init__(self):
         if not isinstance(self.kv_format, str) or self.kv_format not in list_codecs():
             raise ValueError(f"unknown KV format {self.kv_format!r}; supported formats: {', '.join(n for n in list_codecs() if not n.startswith('_'))}")
         object.__setattr__(self, "key_formats", key_formats_of(GEOMETRY, self.key_formats, self.kv_format))   # checked, sorted, own format dropped
+        object.__setattr__(self, "value_formats", value_formats_of(GEOMETRY, self.value_formats, self.kv_format))
         for n in ("window", "key_profile"):
             if not isinstance(getattr(self, n), bool): raise TypeError(f"KVVariant.{n} must be a bool, got {getattr(self, n)!r}")
         for n in ("sinks", "recent"):
@@ -102,24 +105,25 @@ class KVVariant:
     def name(self)->str:
         "e.g. 'hq-e8-2b+profile+window'; a window other than 32 + 512 is spelled out ('+window:16:256'); per-layer key formats as '+k5:tbq3'."
         w = "" if not self.window else "+window" if (self.sinks, self.recent) == (32, 512) else f"+window:{self.sinks}:{self.recent}"
-        return self.kv_format + ("+profile" if self.key_profile else "") + w + "".join(f"+k{l}:{f}" for l, f in self.key_formats)
+        return (self.kv_format + ("+profile" if self.key_profile else "") + w + "".join(f"+k{l}:{f}" for l, f in self.key_formats)
+                + "".join(f"+v{l}:{f}" for l, f in self.value_formats))
     @classmethod
     def parse(cls, spec:str)->KVVariant:
         "Read a `name`: 'FORMAT[+profile][+window[:SINKS:RECENT]][+kLAYER:FORMAT ...]'."
-        form = "'FORMAT[+profile][+window[:SINKS:RECENT]][+kLAYER:FORMAT ...]'"
+        form = "'FORMAT[+profile][+window[:SINKS:RECENT]][+kLAYER:FORMAT ...][+vLAYER:FORMAT ...]'"
         if not isinstance(spec, str) or not spec: raise ValueError(f"a variant is {form}, got {spec!r}")
         fmt, *opts = spec.split("+")
-        kw, keys = {}, []
+        kw, keys, vals = {}, [], []
         for o in opts:
             m = re.fullmatch(r"window(?::(\d+):(\d+))?", o)
-            mk = re.fullmatch(r"k(\d+):([A-Za-z0-9_.-]+)", o)
+            mk = re.fullmatch(r"([kv])(\d+):([A-Za-z0-9_.-]+)", o)
             if o == "profile" and "key_profile" not in kw: kw["key_profile"] = True
             elif m and "window" not in kw:
                 kw["window"] = True
                 if m.group(1): kw["sinks"], kw["recent"] = int(m.group(1)), int(m.group(2))
-            elif mk: keys.append((int(mk.group(1)), mk.group(2)))
+            elif mk: (keys if mk.group(1) == "k" else vals).append((int(mk.group(2)), mk.group(3)))
             else: raise ValueError(f"bad option {o!r} in variant {spec!r}: use {form}")
-        return cls(fmt, **kw, key_formats=tuple(keys))
+        return cls(fmt, **kw, key_formats=tuple(keys), value_formats=tuple(vals))
     def __str__(self): return self.name
 
 # %% ../nbs/50_quality.ipynb #605a0553
@@ -149,8 +153,8 @@ def kv_state(model, # a `Gemma3`, or an `HFModel`
     from hqkv.runner import PagedKV
     g = get_geometry(GEOMETRY)
     if tuple(g.attn_layer_ids) != tuple(model.cfg.global_layers): raise ValueError(f"the model's global layers {model.cfg.global_layers} are not {g.name}'s {g.attn_layer_ids}")
-    fmts = {variant.kv_format, *(f for _, f in variant.key_formats)}
-    pool = KVPool(g, variant.kv_format, f"{len(ids)}tok", codec_opts={f: codec_opts(f) for f in fmts}, key_formats=variant.key_formats)
+    fmts = {variant.kv_format, *(f for _, f in variant.key_formats + variant.value_formats)}
+    pool = KVPool(g, variant.kv_format, f"{len(ids)}tok", codec_opts={f: codec_opts(f) for f in fmts}, key_formats=variant.key_formats, value_formats=variant.value_formats)
     S, R = (variant.sinks, variant.recent) if variant.window else (0, 0)
     paged = PagedKV(pool, window_sinks=S, window_recent=R, key_profile=profile if variant.key_profile else None)
     paged.admit(0, ids, 0)
@@ -186,7 +190,7 @@ class HFModel:
         from hqkv.hf import HQKVCache
         S, R = (variant.sinks, variant.recent) if variant.window else (0, 0)
         return HQKVCache(self.model, variant.kv_format, window_sinks=S, window_recent=R, key_profile=profile if variant.key_profile else "off",
-                         key_formats=dict(variant.key_formats) or None, **codec_opts(variant.kv_format))
+                         key_formats=dict(variant.key_formats) or None, value_formats=dict(variant.value_formats) or None, **codec_opts(variant.kv_format))
 
     def forward(self, states:list, chunks:list, logits="none")->list: # per state: float32 logits [n, vocab] of its chunk's last n positions (None for "none")
         "Run each state's chunk through the model (one sequence at a time)."
@@ -247,6 +251,19 @@ def _profile_for(model, vs, profile):
     p.check_matches(ident)
     return p
 
+REGIMES = ("decode", "prefill")   # how the scored positions run: one token per forward, or in prefill chunks
+
+def _check_regime(regime):
+    if regime not in REGIMES: raise ValueError(f"unknown regime {regime!r}; choose one of {', '.join(REGIMES)}")
+
+def _forward_scored(model, st, ch:list, ns:int, regime:str):
+    "Run chunk `ch` through state `st`; the logits of its last `ns` positions (None when ns is 0). decode: those positions one token per forward."
+    ns = min(ns, len(ch))
+    if not ns: model.forward([st], [ch], logits="none"); return None
+    if regime == "prefill": return model.forward([st], [ch], logits=ns)[0]
+    if len(ch) > ns: model.forward([st], [ch[:len(ch) - ns]], logits="none")
+    return torch.cat([model.forward([st], [[t]], logits=1)[0] for t in ch[len(ch) - ns:]])
+
 def kld_eval(model, # a `Gemma3`
              ids:list, # the window's token ids (<bos> first)
              next_id:int, # the token that follows the window: the target of its last position
@@ -254,9 +271,11 @@ def kld_eval(model, # a `Gemma3`
              chunk:int=1024, # prefill chunk (engine.prefill_chunk)
              score_last:int|None=1024, # score the last n positions; None: every position
              profile=None, # `KeyProfile` for variants with `key_profile` (default: the shipped one)
+             regime:str="decode", # `REGIMES`: the scored positions one token per forward (decode) or in chunks (prefill)
             )->dict: # variant name -> `TokenScores`
-    "Teacher-forced next-token distributions of each variant against the bf16 oracle, all prefilled chunk by chunk in lockstep."
+    "Teacher-forced next-token distributions of each variant against the bf16 oracle, chunk by chunk in lockstep (scored positions as `regime` says)."
     N, vs = len(ids), _variants(variants)
+    _check_regime(regime)
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1: raise ValueError(f"chunk must be a positive int, got {chunk!r}")
     if score_last is not None and (isinstance(score_last, bool) or not isinstance(score_last, int) or not 1 <= score_last <= N):
         raise ValueError(f"score_last must be None or an int in [1, {N}], got {score_last!r}")
@@ -269,13 +288,13 @@ def kld_eval(model, # a `Gemma3`
         ch = ids[a:a + chunk]; e = a + len(ch)
         ns = max(0, e - max(a, first))                              # scored positions in this chunk (its last ns)
         want = ns if ns else "none"
-        lp = model.forward([oracle], [ch], logits=want)[0]
+        lp = _forward_scored(model, oracle, ch, ns, regime)          # the oracle runs as the variants do: a difference is the format's
         if ns:
             lp -= torch.logsumexp(lp, -1, keepdim=True)
             pos = torch.arange(e - ns, e); tt = targets[pos][:, None]
             nll_ref, top_ref = -lp.gather(1, tt)[:, 0].double(), lp.argmax(-1)
         for v, st in zip(vs, states):
-            lq = model.forward([st], [ch], logits=want)[0]
+            lq = _forward_scored(model, st, ch, ns, regime)
             if ns:
                 lq -= torch.logsumexp(lq, -1, keepdim=True)
                 parts[v.name].append(TokenScores(pos, _kl_rows(lp, lq), lq.argmax(-1) == top_ref, -lq.gather(1, tt)[:, 0].double(), nll_ref))
@@ -324,16 +343,18 @@ def niah_score(model, # a `Gemma3`
                variant:KVVariant|None, # None: the oracle
                chunk:int=1024, # prefill chunk
                profile=None, # `KeyProfile` when `variant.key_profile`
+               regime:str="decode", # `REGIMES`: the answer's positions one token per forward (decode) or in the prompt's chunks (prefill)
               )->dict:
     "Prefill prompt + answer (teacher-forced) chunk by chunk; retrieved = every digit is the top token; margin = the smallest gap."
     seq = p.ids + p.answer[:-1]
     if len(seq) > model.cfg.max_position: raise ValueError(f"the prompt and the answer take {len(seq)} tokens, more than the model's context of {model.cfg.max_position}")
+    _check_regime(regime)
     st = kv_state(model, variant, seq, profile)
     n, parts = len(p.answer), []
     for a in range(0, len(seq), chunk):
         ch = seq[a:a + chunk]
         ns = max(0, a + len(ch) - (len(seq) - n))                   # answer positions in this chunk (it may straddle two)
-        out = model.forward([st], [ch], logits=ns if ns else "none")[0]
+        out = _forward_scored(model, st, ch, ns, regime)
         if ns: parts.append(out)
     lg, ans = torch.cat(parts), torch.tensor(p.answer)[:, None]
     margins = lg.gather(1, ans)[:, 0] - lg.scatter(1, ans, -math.inf).amax(-1)
@@ -363,6 +384,7 @@ def run_kld(model, # a `Gemma3`
             curve:bool=False, # also score every other position: `by_chunk` holds KLD / top-1 / delta NLL per chunk
             profile=None, # `KeyProfile` (default: the shipped one, for variants that use it)
             log=print, # progress lines (None: quiet)
+            regime:str="decode", # `REGIMES`
            )->list: # one dict per (context, window, variant)
     "KLD, top-1 and delta NLL (last `score_last` positions) of every variant on `windows` windows of each context length."
     vs, out = _variants(variants), []
@@ -370,11 +392,11 @@ def run_kld(model, # a `Gemma3`
         last = min(score_last, n)
         for w, (ids_w, nx) in enumerate(text_windows(ids, n, windows, bos=model.tokenizer.bos_id)):
             t0 = time.perf_counter()
-            res = kld_eval(model, ids_w, nx, vs, chunk, None if curve else last, profile)
+            res = kld_eval(model, ids_w, nx, vs, chunk, None if curve else last, profile, regime)
             dt = time.perf_counter() - t0
             for v in vs:
                 r = res[v.name]
-                rec = dict(context=n, window=w, variant=v.name, **r.select(r.pos >= n - last).summary(), seconds_per_state=round(dt / (len(vs) + 1), 1))
+                rec = dict(context=n, window=w, variant=v.name, regime=regime, **r.select(r.pos >= n - last).summary(), seconds_per_state=round(dt / (len(vs) + 1), 1))
                 if curve:
                     parts = [r.select((r.pos >= a) & (r.pos < a + chunk)).summary() for a in range(0, n, chunk)]
                     rec["by_chunk"] = {k: [p[k] for p in parts] for k in ("kld", "top1", "dnll")}
@@ -390,6 +412,7 @@ def run_niah(model, # a `Gemma3`
              trials:int=1, # keys per (context, depth)
              seed:int=0, # key seed
              chunk:int=1024, profile=None, log=print,
+             regime:str="decode", # `REGIMES`
             )->list: # one dict per (context, depth, trial, variant)
     "Pass-key retrieval of every variant on a grid of contexts x depths x trials (the same keys for every variant)."
     vs = [None if v in (None, ORACLE) else v for v in variants]
@@ -406,14 +429,14 @@ def run_niah(model, # a `Gemma3`
                 p = niah_prompt(model.tokenizer, hay, n, d, key)
                 for v in vs:
                     t0 = time.perf_counter()
-                    r = niah_score(model, p, v, chunk, profile)
-                    out.append(dict(context=n, depth=d, trial=t, key=key, variant=ORACLE if v is None else v.name, **r, seconds=round(time.perf_counter() - t0, 1)))
+                    r = niah_score(model, p, v, chunk, profile, regime)
+                    out.append(dict(context=n, depth=d, trial=t, key=key, variant=ORACLE if v is None else v.name, regime=regime, **r, seconds=round(time.perf_counter() - t0, 1)))
                 if log: log(f"niah {n} depth {d} key {key}: " + ", ".join(f"{r['variant']} {'ok' if r['retrieved'] else 'MISS'} {r['margin']:+.2f}" for r in out[-len(vs):]))
     return out
 
-def _fmt_of(name:str)->tuple: # (format, per-layer key formats)
-    if name == ORACLE: return "bf16", ()
-    v = KVVariant.parse(name); return v.kv_format, v.key_formats
+def _fmt_of(name:str)->tuple: # (format, per-layer key formats, per-layer value formats)
+    if name == ORACLE: return "bf16", (), ()
+    v = KVVariant.parse(name); return v.kv_format, v.key_formats, v.value_formats
 
 def summarize(kld:list, # `run_kld` records
               niah:list=(), # `run_niah` records
@@ -423,11 +446,12 @@ def summarize(kld:list, # `run_kld` records
     g, rows = get_geometry(geometry), {}
     for r in list(kld) + list(niah): rows.setdefault(r["variant"], {})
     for name, row in rows.items():
-        f, kf = _fmt_of(name)
-        bpt = bytes_per_token(g, f, kf)
+        f, kf, vf = _fmt_of(name)
+        bpt = bytes_per_token(g, f, kf, vf)
         row.update(variant=name, kv_format=f, bits_per_value=bpt * 8 / g.values_per_token,
                    bytes_per_token=bpt, kld={}, kld_worst={}, top1={}, dnll={}, windows={})
         if kf: row["key_formats"] = {str(l): x for l, x in kf}
+        if vf: row["value_formats"] = {str(l): x for l, x in vf}
         for n in sorted({r["context"] for r in kld if r["variant"] == name}):
             rs = [r for r in kld if r["variant"] == name and r["context"] == n]
             mean = lambda k: sum(r[k] for r in rs) / len(rs)
@@ -471,6 +495,7 @@ def eval_variants(formats:str, # comma-separated format names
                   key_profile, # 'auto', 'off' or a profile path
                   model, # the `Gemma3` or `HFModel` (its identity is checked against the profile)
                   key_formats=None, # per-layer key formats for every variant (kv.key_formats), e.g. '5=tbq3,11=tbq3'
+                  value_formats=None, # per-layer value formats for every variant (kv.value_formats)
                  )->tuple: # ([KVVariant], KeyProfile | None)
     "The variants `hqkv eval` measures, with the engine's rules for the window and the key profile."
     from hqkv.calibrate import resolve_key_profile
@@ -483,5 +508,5 @@ def eval_variants(formats:str, # comma-separated format names
         KVVariant(f)                                                  # an unknown format fails here, listing the supported ones
         p = resolve_key_profile(key_profile, f, ident)
         if p is not None: prof = p
-        vs.append(KVVariant(f, window=bool(sinks or recent), key_profile=p is not None, sinks=sinks, recent=recent, key_formats=key_formats or ()))
+        vs.append(KVVariant(f, window=bool(sinks or recent), key_profile=p is not None, sinks=sinks, recent=recent, key_formats=key_formats or (), value_formats=value_formats or ()))
     return _variants(vs), prof

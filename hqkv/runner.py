@@ -346,8 +346,9 @@ def _triton_backend() -> PagedAttn:
     from hqkv.kernels.store import store
     def check(pool):
         if pool.mixed:
-            raise ValueError(f"the Triton kernels read pages of one format, but this pool keeps the keys of layers "
-                             f"{', '.join(map(str, pool.key_formats))} in {', '.join(sorted(set(pool.key_formats.values())))}: use attn='gather' or 'ref'")
+            over = {**{f"layer {l} keys": f for l, f in pool.key_formats.items()}, **{f"layer {l} values": f for l, f in pool.value_formats.items()}}
+            raise ValueError(f"the Triton kernels read pages of one format, but this pool keeps "
+                             f"{', '.join(f'{k} in {f}' for k, f in over.items())}: use attn='gather' or 'ref'")
         kernel_format(pool.codec)   # a format the kernels do not read: ValueError naming those they do
     return PagedAttn("triton", decode, prefill, store, check, chunk_arg=True, defers_codes=False)   # the store kernel codes rows as they come
 

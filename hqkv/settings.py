@@ -55,6 +55,7 @@ SETTINGS = (
     Setting("attn", "engine.attn", "str", None, "--attn", "attention backend: gather, ref or triton (none: picked per device)", optional=True),
     Setting("key_profile", "kv.key_profile", "str", "auto", "--key-profile", "'auto' (the model's calibrated profile, rotated formats), 'off', or a profile file"),
     Setting("key_formats", "kv.key_formats", "formats", "", "--key-formats", "some layers' keys in their own format, 'LAYER=FORMAT,...' (model layer ids), e.g. '5=tbq3,11=tbq3'"),
+    Setting("value_formats", "kv.value_formats", "formats", "", "--value-formats", "some layers' values in their own format, the same way, e.g. '5=q8_0'"),
 )
 SETTING = {s.field: s for s in SETTINGS}
 
@@ -99,9 +100,11 @@ class _Checks:
         if not isinstance(self.key_profile, (str, Path)): raise TypeError(f"key_profile must be 'auto', 'off' or a path, got {self.key_profile!r}")
         if str(self.key_profile) not in ("auto", "off") and not Path(self.key_profile).is_file():
             raise ValueError(f"kv.key_profile: no key profile file at {self.key_profile} (use 'auto', 'off', or a file from `hqkv calibrate`)")
-        if isinstance(self.key_formats, Mapping): self.key_formats = ",".join(f"{l}={f}" for l, f in self.key_formats.items())   # a TOML table
-        if not isinstance(self.key_formats, str): raise TypeError(f"key_formats must be a string like '5=tbq3,11=tbq3', got {self.key_formats!r}")
-        for _, f in key_format_items(self.key_formats): codec_class(f)   # syntax and format names now; layer ids when the pool is built
+        for n in ("key_formats", "value_formats"):
+            x = getattr(self, n)
+            if isinstance(x, Mapping): x = ",".join(f"{l}={f}" for l, f in x.items()); setattr(self, n, x)   # a TOML table
+            if not isinstance(x, str): raise TypeError(f"{n} must be a string like '5=tbq3,11=tbq3', got {x!r}")
+            for _, f in key_format_items(x): codec_class(f)   # syntax and format names now; layer ids when the pool is built
         if self.attn is not None and self.attn not in ATTN_BACKENDS:
             raise ValueError(f"unknown attention backend {self.attn!r}; choose one of {', '.join(ATTN_BACKENDS)}")
 

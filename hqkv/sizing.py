@@ -14,7 +14,8 @@ from .codec import codec_class, list_codecs
 # %% auto #0
 __all__ = ['WINDOW_BYTES_PER_VALUE', 'GEOMETRIES', 'BUDGET_FORMS', 'fmt_bytes', 'Geometry', 'gdn_state_bytes', 'get_geometry',
            'Rate', 'format_name', 'row_bytes', 'kv_formats', 'key_format_items', 'parse_key_formats', 'key_formats_of',
-           'key_formats_str', 'bytes_per_token', 'Budget', 'parse_budget', 'Plan', 'lane_pages', 'plan', 'lanes_bytes']
+           'value_formats_of', 'key_formats_str', 'bytes_per_token', 'Budget', 'parse_budget', 'Plan', 'lane_pages',
+           'plan', 'lanes_bytes']
 
 # %% ../nbs/00_sizing.ipynb #705df110
 def fmt_bytes(n:int,              # a byte count
@@ -196,14 +197,15 @@ def parse_key_formats(spec,             # {layer: format}, 'LAYER=FORMAT,...', p
                       head_dim:int,     # every format must support it
                       kv_format=None,   # the cache's own format: entries equal to it are dropped
                       owner:str="the model", # how messages name the model
+                      what:str="key", # 'key' or 'value': which rows the formats are for (messages name it)
                      ) -> tuple:
-    "Checked per-layer key formats as sorted (model layer id, format) pairs."
+    "Checked per-layer key (or value) formats as sorted (model layer id, format) pairs."
     ids, out = tuple(layer_ids), {}
     for layer, fmt in key_format_items(spec):
         if isinstance(layer, bool) or not isinstance(layer, int) or layer not in ids:
-            raise ValueError(f"key format for layer {layer!r}: {owner}'s attention layers (model layer ids) are {list(ids)}")
-        if not isinstance(fmt, str): raise TypeError(f"key format of layer {layer} must be a format name, got {fmt!r}")
-        if layer in out: raise ValueError(f"layer {layer} is given two key formats ({out[layer]}, {fmt})")
+            raise ValueError(f"{what} format for layer {layer!r}: {owner}'s attention layers (model layer ids) are {list(ids)}")
+        if not isinstance(fmt, str): raise TypeError(f"{what} format of layer {layer} must be a format name, got {fmt!r}")
+        if layer in out: raise ValueError(f"layer {layer} is given two {what} formats ({out[layer]}, {fmt})")
         row_bytes(fmt, head_dim)   # an unknown format, or one without this head_dim: ValueError
         out[layer] = fmt
     return tuple(sorted((l, f) for l, f in out.items() if f != kv_format))
@@ -216,6 +218,14 @@ def key_formats_of(geometry,           # a `Geometry` or a preset name
     g = get_geometry(geometry)
     return parse_key_formats(spec, g.attn_ids, g.head_dim, kv_format, g.name)
 
+def value_formats_of(geometry,         # a `Geometry` or a preset name
+                     spec,             # {layer: format}, 'LAYER=FORMAT,...', pairs, or None/'' for none
+                     kv_format=None,   # the pool's format: entries equal to it are dropped
+                    ) -> tuple:
+    "Per-layer value formats as sorted (model layer id, format) pairs: the values of those attention layers are stored in their own format."
+    g = get_geometry(geometry)
+    return parse_key_formats(spec, g.attn_ids, g.head_dim, kv_format, g.name, what="value")
+
 def key_formats_str(pairs:tuple) -> str:
     "How plan lines and names show per-layer key formats: '5:tbq3,11:tbq3' ('' for none)."
     return ",".join(f"{l}:{f}" for l, f in pairs)
@@ -223,11 +233,13 @@ def key_formats_str(pairs:tuple) -> str:
 def bytes_per_token(geometry:Geometry, # a `Geometry` or a preset name
                     fmt,               # a registered format name or a `Rate`
                     key_formats=None,  # per-layer key formats (`key_formats_of`): those layers' keys in their own format
+                    value_formats=None,  # per-layer value formats (`value_formats_of`): those layers' values in their own format
                    ) -> int:
-    "KV bytes one token adds to the pool: 2 x attention layers x KV heads x row bytes (each layer's keys in its own format if given)."
+    "KV bytes one token adds to the pool: 2 x attention layers x KV heads x row bytes (each layer's keys and values in their own format if given)."
     g = get_geometry(geometry)
-    base, kf = row_bytes(fmt, g.head_dim), dict(key_formats_of(g, key_formats, fmt))
-    return g.kv_heads * sum(base + (row_bytes(kf[l], g.head_dim) if l in kf else base) for l in g.attn_ids)
+    base, kf, vf = row_bytes(fmt, g.head_dim), dict(key_formats_of(g, key_formats, fmt)), dict(value_formats_of(g, value_formats, fmt))
+    row = lambda over, l: row_bytes(over[l], g.head_dim) if l in over else base
+    return g.kv_heads * sum(row(kf, l) + row(vf, l) for l in g.attn_ids)
 
 
 # %% ../nbs/00_sizing.ipynb #bbb755ea
@@ -295,10 +307,12 @@ class Plan:
     pool_lanes: int|None = None  # lanes of `context` that fit in the pool's pages (state not counted)
     lane_bytes: int|None = None  # one lane: its pages plus its fixed state
     key_formats: tuple = ()      # (model layer id, format) pairs whose keys are not in kv_format
+    value_formats: tuple = ()    # (model layer id, format) pairs whose values are not in kv_format
 
     def line(self) -> str:
         "The engine's load-time log line for this pool."
-        kf = f" key_formats={key_formats_str(self.key_formats)}" if self.key_formats else ""
+        kf = (f" key_formats={key_formats_str(self.key_formats)}" if self.key_formats else "") + \
+             (f" value_formats={key_formats_str(self.value_formats)}" if self.value_formats else "")
         return (f"hqkv.runtime.vram_plan kv_format={self.kv_format}{kf} page_bytes={self.page_bytes} "
                 f"kv_pool_pages={self.pages} kv_pool_tokens={self.tokens} kv_pool_bytes={self.bytes}")
     def as_dict(self) -> dict:
@@ -306,6 +320,7 @@ class Plan:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["budget"] = {"amount": self.budget.amount, "unit": self.budget.unit}
         d["key_formats"] = {str(l): f for l, f in self.key_formats}
+        d["value_formats"] = {str(l): f for l, f in self.value_formats}
         d["vram_plan"] = self.line()
         return d
 
@@ -321,12 +336,13 @@ def plan(geometry,                # a `Geometry` or a preset name
          context:int|None=None,   # tokens per lane: also say how many lanes fit
          exact_tokens:int=0,      # tokens per sequence also kept exact (bf16) in every attention layer
          key_formats=None,        # per-layer key formats (`key_formats_of`), e.g. '5=tbq3,11=tbq3'
+         value_formats=None,      # per-layer value formats (`value_formats_of`), e.g. '5=q8_0'
         ) -> Plan:
     "Pages, tokens and bytes `budget` buys in `kv_format`, and how many lanes of `context` tokens fit."
     g, b = get_geometry(geometry), parse_budget(budget)
     _check_int("page_tokens", page_tokens, 1); _check_int("exact_tokens", exact_tokens, 0)
-    kf = key_formats_of(g, key_formats, kv_format)
-    bpt = bytes_per_token(g, kv_format, kf)
+    kf, vf = key_formats_of(g, key_formats, kv_format), value_formats_of(g, value_formats, kv_format)
+    bpt = bytes_per_token(g, kv_format, kf, vf)
     page_bytes = page_tokens * bpt
     pages = b.amount // page_bytes if b.unit == "bytes" else -(-b.amount // page_tokens)
     budget_bytes = b.amount if b.unit == "bytes" else pages * page_bytes
@@ -337,7 +353,7 @@ def plan(geometry,                # a `Geometry` or a preset name
         lane_bytes = lp * page_bytes + state
         lanes, pool_lanes = budget_bytes // lane_bytes, pages // lp
     return Plan(g.name, format_name(kv_format), b, bpt * 8 / g.values_per_token, bpt, page_tokens, page_bytes,
-                pages, pages * page_tokens, pages * page_bytes, state, context, lanes, pool_lanes, lane_bytes, kf)
+                pages, pages * page_tokens, pages * page_bytes, state, context, lanes, pool_lanes, lane_bytes, kf, vf)
 
 def lanes_bytes(geometry,              # a `Geometry` or a preset name
                 kv_format,             # a registered format name or a `Rate`
@@ -347,9 +363,10 @@ def lanes_bytes(geometry,              # a `Geometry` or a preset name
                 with_state:bool=False, # add each lane's fixed state
                 exact_tokens:int=0,    # exact bf16 tokens per sequence (counted with the state)
                 key_formats=None,      # per-layer key formats (`key_formats_of`)
+                value_formats=None,    # per-layer value formats (`value_formats_of`)
                ) -> int:
     "Bytes `lanes` sequences of `context` tokens need: their pages (and, `with_state`, their fixed state)."
     g = get_geometry(geometry); _check_int("lanes", lanes, 0); _check_int("exact_tokens", exact_tokens, 0)
-    kv = lanes * lane_pages(context, page_tokens) * page_tokens * bytes_per_token(g, kv_format, key_formats)
+    kv = lanes * lane_pages(context, page_tokens) * page_tokens * bytes_per_token(g, kv_format, key_formats, value_formats)
     state = g.state_bytes + exact_tokens * bytes_per_token(g, Rate(2, name="bf16"))
     return kv + (lanes * state if with_state else 0)
