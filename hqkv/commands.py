@@ -131,9 +131,9 @@ def _eval_setup(p:argparse.ArgumentParser):
     src.add_argument("--text-file", default=None, help="any UTF-8 text file instead of --text")
     add_settings(p, fields=_EVAL_SETTINGS)
     p.add_argument("--chunk", dest="prefill_chunk", type=int, default=None, help=argparse.SUPPRESS)   # the flag's old name
-    p.add_argument("--regime", choices=("decode", "prefill"), default="decode",
-                   help="decode: the scored positions one token per forward, every key older than the window from the pages (default); "
-                        "prefill: in prefill chunks, each also seeing its own chunk exactly")
+    p.add_argument("--regime", choices=("decode", "prefill"), default="prefill",
+                   help="prefill: the scored positions in prefill chunks, each also seeing its own chunk exactly (default); "
+                        "decode: one token per forward, every key older than the window from the pages (slow: a forward per position)")
     p.add_argument("--windows", type=int, default=1, help="kld: windows per context, spread over the text (default 1)")
     p.add_argument("--score-last", type=int, default=1024, help="kld: positions scored at the end of each window (default 1024)")
     p.add_argument("--depths", type=_depths, default=[0.0, 0.25, 0.5, 0.75, 1.0], help="niah: needle depths (default 0,0.25,0.5,0.75,1)")

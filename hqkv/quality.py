@@ -271,7 +271,7 @@ def kld_eval(model, # a `Gemma3`
              chunk:int=1024, # prefill chunk (engine.prefill_chunk)
              score_last:int|None=1024, # score the last n positions; None: every position
              profile=None, # `KeyProfile` for variants with `key_profile` (default: the shipped one)
-             regime:str="decode", # `REGIMES`: the scored positions one token per forward (decode) or in chunks (prefill)
+             regime:str="prefill", # `REGIMES`: the scored positions in chunks (prefill) or one token per forward (decode)
             )->dict: # variant name -> `TokenScores`
     "Teacher-forced next-token distributions of each variant against the bf16 oracle, chunk by chunk in lockstep (scored positions as `regime` says)."
     N, vs = len(ids), _variants(variants)
@@ -343,7 +343,7 @@ def niah_score(model, # a `Gemma3`
                variant:KVVariant|None, # None: the oracle
                chunk:int=1024, # prefill chunk
                profile=None, # `KeyProfile` when `variant.key_profile`
-               regime:str="decode", # `REGIMES`: the answer's positions one token per forward (decode) or in the prompt's chunks (prefill)
+               regime:str="prefill", # `REGIMES`: the answer's positions in the prompt's chunks (prefill) or one token per forward (decode)
               )->dict:
     "Prefill prompt + answer (teacher-forced) chunk by chunk; retrieved = every digit is the top token; margin = the smallest gap."
     seq = p.ids + p.answer[:-1]
@@ -384,7 +384,7 @@ def run_kld(model, # a `Gemma3`
             curve:bool=False, # also score every other position: `by_chunk` holds KLD / top-1 / delta NLL per chunk
             profile=None, # `KeyProfile` (default: the shipped one, for variants that use it)
             log=print, # progress lines (None: quiet)
-            regime:str="decode", # `REGIMES`
+            regime:str="prefill", # `REGIMES`
            )->list: # one dict per (context, window, variant)
     "KLD, top-1 and delta NLL (last `score_last` positions) of every variant on `windows` windows of each context length."
     vs, out = _variants(variants), []
@@ -412,7 +412,7 @@ def run_niah(model, # a `Gemma3`
              trials:int=1, # keys per (context, depth)
              seed:int=0, # key seed
              chunk:int=1024, profile=None, log=print,
-             regime:str="decode", # `REGIMES`
+             regime:str="prefill", # `REGIMES`
             )->list: # one dict per (context, depth, trial, variant)
     "Pass-key retrieval of every variant on a grid of contexts x depths x trials (the same keys for every variant)."
     vs = [None if v in (None, ORACLE) else v for v in variants]
