@@ -37,9 +37,10 @@ def register_command(name:str,         # `hqkv <name>`
                      setup:Callable,   # setup(parser) adds arguments (`--json` is added for every command)
                      run:Callable,     # run(args) -> exit code
                     ) -> Command:
-    "Add a subcommand; registering a name twice raises."
-    cmd = Command(name, help, setup, run)
-    if name in COMMANDS and COMMANDS[name] != cmd: raise ValueError(f"a command named {name!r} is already registered")
+    "Add a subcommand; registering a name twice raises (unless it is the same definition again: a notebook re-running the module's cell)."
+    cmd, old = Command(name, help, setup, run), COMMANDS.get(name)
+    same = lambda a, b: (a.help, a.setup.__qualname__, a.run.__qualname__) == (b.help, b.setup.__qualname__, b.run.__qualname__)
+    if old is not None and old != cmd and not same(old, cmd): raise ValueError(f"a command named {name!r} is already registered")
     COMMANDS[name] = cmd
     return cmd
 
