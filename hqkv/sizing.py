@@ -213,18 +213,15 @@ def parse_key_formats(spec,             # {layer: format}, 'LAYER=FORMAT,...', p
 def key_formats_of(geometry,           # a `Geometry` or a preset name
                    spec,               # {layer: format}, 'LAYER=FORMAT,...', pairs, or None/'' for none
                    kv_format=None,     # the pool's format: entries equal to it are dropped
+                   what:str="key",     # 'key' or 'value' (`value_formats_of`)
                   ) -> tuple:
     "Per-layer key formats as sorted (model layer id, format) pairs: the keys of those attention layers are stored in their own format."
     g = get_geometry(geometry)
-    return parse_key_formats(spec, g.attn_ids, g.head_dim, kv_format, g.name)
+    return parse_key_formats(spec, g.attn_ids, g.head_dim, kv_format, g.name, what)
 
-def value_formats_of(geometry,         # a `Geometry` or a preset name
-                     spec,             # {layer: format}, 'LAYER=FORMAT,...', pairs, or None/'' for none
-                     kv_format=None,   # the pool's format: entries equal to it are dropped
-                    ) -> tuple:
-    "Per-layer value formats as sorted (model layer id, format) pairs: the values of those attention layers are stored in their own format."
-    g = get_geometry(geometry)
-    return parse_key_formats(spec, g.attn_ids, g.head_dim, kv_format, g.name, what="value")
+def value_formats_of(geometry, spec, kv_format=None) -> tuple:
+    "Per-layer value formats, read and checked as `key_formats_of` reads keys'."
+    return key_formats_of(geometry, spec, kv_format, "value")
 
 def key_formats_str(pairs:tuple) -> str:
     "How plan lines and names show per-layer key formats: '5:tbq3,11:tbq3' ('' for none)."
