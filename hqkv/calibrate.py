@@ -99,6 +99,7 @@ class KeyProfile:
     mode: str = "qk"            # how sigma was chosen (`MODES`)
     rotation_seed: int = 0      # RHT seed of the rotated formats it was measured with (recorded, not checked)
     version: int = PROFILE_VERSION
+    plans: dict = dataclasses.field(default_factory=dict)   # base format -> a `hqkv.bitplan.BitPlan` as a dict (`hqkv calibrate --budget`)
 
     def __post_init__(self):
         for n in ("mu", "sigma"):
@@ -114,6 +115,8 @@ class KeyProfile:
         if self.mode not in MODES: raise ValueError(f"KeyProfile.mode must be one of {MODES}, got {self.mode!r}")
         if isinstance(self.n_tokens, bool) or not isinstance(self.n_tokens, int) or self.n_tokens < 0: raise ValueError(f"KeyProfile.n_tokens must be an int >= 0, got {self.n_tokens!r}")
         if self.version != PROFILE_VERSION: raise ValueError(f"KeyProfile version {self.version!r} is not supported (this hqkv reads version {PROFILE_VERSION})")
+        if not isinstance(self.plans, dict) or not all(isinstance(k, str) and isinstance(v, dict) for k, v in self.plans.items()):
+            raise TypeError(f"KeyProfile.plans must map a base format to a plan dict, got {self.plans!r}")
 
     @property
     def n_layers(self) -> int: return self.mu.shape[0]
@@ -161,7 +164,7 @@ class KeyProfile:
         "Everything but the tensors, JSON-ready."
         return dict(model=dataclasses.asdict(self.model), layers=list(self.layers), source=self.source, n_tokens=self.n_tokens,
                     mode=self.mode, rotation_seed=self.rotation_seed, version=self.version,
-                    shape=list(self.mu.shape))
+                    shape=list(self.mu.shape), plans=self.plans)
 
     def save(self, path:str|Path) -> Path:
         "Write the profile (two float32 tensors and a JSON string) with `torch.save`."
@@ -181,9 +184,23 @@ class KeyProfile:
         try:
             m = json.loads(b["meta"])
             if m.get("version") != PROFILE_VERSION: raise ValueError(f"{p}: key profile version {m.get('version')!r}, this hqkv reads version {PROFILE_VERSION}")
-            return cls(b["mu"], b["sigma"], ModelIdentity(**m["model"]), tuple(m["layers"]), m["source"], m["n_tokens"], m["mode"], m["rotation_seed"], m["version"])
+            prof = cls(b["mu"], b["sigma"], ModelIdentity(**m["model"]), tuple(m["layers"]), m["source"], m["n_tokens"], m["mode"], m["rotation_seed"], m["version"], m.get("plans", {}))
+            for base in prof.plans:
+                try: prof.plan_for(base)
+                except ValueError as e: raise ValueError(f"{p}: the {base} plan: {e}") from None
+            return prof
         except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
             raise ValueError(f"{p}: the key profile file is damaged ({type(e).__name__}: {e})") from None
+
+    def plan_for(self, base:str): # -> `hqkv.bitplan.BitPlan` | None
+        "The calibrated bit plan for pool format `base`, if `hqkv calibrate --budget` made one."
+        from hqkv.bitplan import BitPlan
+        d = self.plans.get(base)
+        return None if d is None else BitPlan.from_dict(d)
+
+    def with_plan(self, plan) -> KeyProfile:
+        "The same profile with `plan` (a `BitPlan`) as its plan for `plan.base` (another base's plan is kept)."
+        return dataclasses.replace(self, plans={**self.plans, plan.base: plan.as_dict()})
 
     def check_matches(self, identity:ModelIdentity, # the model about to use the profile
                      ):

@@ -122,7 +122,7 @@ def _depths(s:str)->list:
 _EVAL_SETTINGS = ("model", "window_sinks", "window_recent", "key_profile", "key_formats", "value_formats", "prefill_chunk")
 
 def _eval_setup(p:argparse.ArgumentParser):
-    from hqkv.quality import TEXTS
+    from hqkv.quality import TEXTS, REGIMES
     p.add_argument("task", choices=("kld", "niah"), help="kld: KLD / top-1 / delta NLL against bf16 on windows of text; niah: pass-key retrieval")
     p.add_argument("--format", default="hq-e8-2b", help="KV format(s), comma-separated (default: hq-e8-2b)")
     p.add_argument("--context", type=_ints, default=None, help="tokens per window / haystack, comma-separated (default: 4096 for kld, 2048 for niah)")
@@ -131,9 +131,9 @@ def _eval_setup(p:argparse.ArgumentParser):
     src.add_argument("--text-file", default=None, help="any UTF-8 text file instead of --text")
     add_settings(p, fields=_EVAL_SETTINGS)
     p.add_argument("--chunk", dest="prefill_chunk", type=int, default=None, help=argparse.SUPPRESS)   # the flag's old name
-    p.add_argument("--regime", choices=("decode", "prefill"), default="prefill",
-                   help="prefill: the scored positions in prefill chunks, each also seeing its own chunk exactly (default); "
-                        "decode: one token per forward, every key older than the window from the pages (slow: a forward per position)")
+    p.add_argument("--regime", choices=REGIMES, default="decode",
+                   help="decode: each scored position reads the keys as a decode step would, every key older than its window from the pages (default); "
+                        "prefill: as its prefill chunk does, its own chunk exact; decode-steps: literally one token per forward (slow)")
     p.add_argument("--windows", type=int, default=1, help="kld: windows per context, spread over the text (default 1)")
     p.add_argument("--score-last", type=int, default=1024, help="kld: positions scored at the end of each window (default 1024)")
     p.add_argument("--depths", type=_depths, default=[0.0, 0.25, 0.5, 0.75, 1.0], help="niah: needle depths (default 0,0.25,0.5,0.75,1)")

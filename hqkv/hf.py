@@ -82,6 +82,20 @@ class SeqKV:
                              torch.arange(P, dtype=torch.int32, device=q.device), i32([self.n]), self._codecs,
                              scale=scale, window=self.window, window_slots=i32([0]))
 
+    def attend_as_decode(self, q:Tensor, k:Tensor, v:Tensor, # as `attend`
+                         scale:float)->Tensor: # [C, Hq, D] in q's dtype
+        "Store the chunk, and attend as decode steps would read it: each query reads keys older than its own window from the codes (`hqkv.runner.decode_reads`)."
+        from hqkv.runner import decode_span, decode_reads, gqa_attention
+        P, n, R = self.n, q.shape[0], self.window.recent
+        kp, vp = self.decoded()                        # the prefix as the chunk's prefill reads it
+        self.append(k, v)
+        K, V = torch.cat([kp, k.float()]), torch.cat([vp, v.float()])
+        lo, hi = decode_span(P, n, self.window.sinks, R)
+        if hi == lo: return gqa_attention(q.float(), K, V, P, scale).to(q.dtype)
+        kx = self.k_codec.unrotate(self.k_codec.decode_rotated(self._rows(self.k_pages)[lo:hi]))
+        vx = self.codec.unrotate(self.codec.decode_rotated(self._rows(self.v_pages)[lo:hi]))
+        return gqa_attention(q.float(), torch.cat([K, kx]), torch.cat([V, vx]), P, scale, mask=decode_reads(P, n, lo, hi, R, q.device)).to(q.dtype)
+
     def clone(self)->SeqKV:
         "An independent copy (beam search duplicates sequences)."
         c = SeqKV.__new__(SeqKV)
@@ -111,8 +125,10 @@ class HQKVLayer(CacheLayerMixin):
                  window_sinks:int=32, window_recent:int=512,
                  key_profile=None, # optional `hqkv.calibrate.KeyProfile`: keys stored as (k - mu) / sigma
                  slot:int=0, # this layer's index among the profile's layers
-                 k_codec:Codec|None=None): # the keys' format, when it is not `codec`
+                 k_codec:Codec|None=None, # the keys' format, when it is not `codec`
+                 decode_reads:bool=False): # paged path: a chunk's queries read as decode steps would (`SeqKV.attend_as_decode`)
         super().__init__()
+        self.decode_reads = bool(decode_reads)
         self.codec, self.config, self.sinks, self.recent = codec, config, window_sinks, window_recent
         self.k_codec = codec if k_codec is None else k_codec
         self.profile, self.slot = key_profile, slot
@@ -138,6 +154,8 @@ class HQKVLayer(CacheLayerMixin):
             raise ValueError(f"HQKVLayer.update: expected K and V of shape [{len(self.seqs)}, {self.kv_heads}, T, {self.codec.head_dim}], "
                              f"got {tuple(key_states.shape)} and {tuple(value_states.shape)}")
         path = "paged" if _attn_impl(self.config) == ATTN_NAME else "decoded"
+        if self.decode_reads and path != "paged":
+            raise ValueError("HQKVCache(decode_reads=True) reads through the hqkv attention function: call use_hqkv_attention(model) first")
         if path != self.path:
             raise RuntimeError(f"HQKVLayer: this cache holds tokens stored on the {self.path} path, but the model's attention "
                                f"implementation is now {_attn_impl(self.config)!r}; start a new cache after changing it")
@@ -188,8 +206,8 @@ class HQKVLayer(CacheLayerMixin):
             if idx.numel() == 0: continue
             q, k, v = query[b, :, idx].transpose(0, 1), self._keys(key[b, :, idx].transpose(0, 1)), value[b, :, idx].transpose(0, 1)
             if self.profile is not None: q = self.profile.apply_query(self.slot, q)   # q' . k' = q . k - q . mu: same softmax
-            out[b, idx] = s.attend(q, k, v, scale).to(out.dtype)
-            s.append(k, v)
+            if self.decode_reads: out[b, idx] = s.attend_as_decode(q, k, v, scale).to(out.dtype)
+            else: out[b, idx] = s.attend(q, k, v, scale).to(out.dtype); s.append(k, v)
         self._valid, self._pending = valid, None
         return out
 
@@ -284,6 +302,7 @@ class HQKVCache(Cache):
                  key_profile="auto", # "auto" (the model's profile from `hqkv calibrate`, rotated formats), "off", a file, or a `KeyProfile`
                  key_formats=None, # some full-attention layers' keys in their own format: {layer index: format} or '5=tbq3,11=tbq3'
                  value_formats=None, # ... and values, the same way
+                 decode_reads:bool=False, # a prompt chunk's queries read keys as decode steps would (the quality harness's decode regime; paged path)
                  **codec_opts): # passed to `get_codec` for kv_format, e.g. allow=True for tbq3 (a format named in key_formats is asked for)
         cfg = model.config if isinstance(model, PreTrainedModel) else model
         if not isinstance(cfg, PretrainedConfig):
@@ -310,7 +329,7 @@ class HQKVCache(Cache):
         if key_profile is not None:
             key_profile.check_geometry(full, getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads, D)
         slot = {l: j for j, l in enumerate(full)}
-        layers = [HQKVLayer(v_codecs.get(i, codec), cfg, window_sinks, window_recent, key_profile, slot[i], k_codecs.get(i)) if t == "full_attention"
+        layers = [HQKVLayer(v_codecs.get(i, codec), cfg, window_sinks, window_recent, key_profile, slot[i], k_codecs.get(i), decode_reads) if t == "full_attention"
                   else DYNAMIC_LAYER_TYPE_MAPPING[t](**kw) for i, (t, kw) in enumerate(zip(types, layer_kwargs))]
         super().__init__(layers=layers)
         self.codec, self.config, self.window_sinks, self.window_recent = codec, cfg, window_sinks, window_recent
@@ -329,6 +348,12 @@ class HQKVCache(Cache):
                                    f"implementation is now {impl!r}; start a new cache after changing it")
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
+    @property
+    def decode_reads(self)->bool: return self.layers[self._hqkv_idx[0]].decode_reads
+    @decode_reads.setter
+    def decode_reads(self, on:bool):
+        "Whether the next prompt chunks read keys as decode steps would (settable between forwards)."
+        for i in self._hqkv_idx: self.layers[i].decode_reads = bool(on)
     @property
     def hqkv_layers(self)->list[int]: return list(self._hqkv_idx)   # indices of the coded (full-attention) layers
     @property

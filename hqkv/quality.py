@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 from .codec import list_codecs, codec_class, asked_codec_opts
-from .sizing import get_geometry, bytes_per_token, key_formats_of, value_formats_of
+from .sizing import get_geometry, bytes_per_token, key_format_items
 from .fixtures import kjv_from_bible
 
 # %% auto #0
@@ -80,6 +80,17 @@ def text_windows(ids:list, # the text's token ids (no <bos>)
 # %% ../nbs/50_quality.ipynb #f404dd1e
 GEOMETRY = "gemma-3-270m"   # the `hqkv.sizing` geometry of the evaluated model
 
+def _layer_formats(spec, kv_format:str, what:str)->tuple:
+    "Per-layer formats as sorted (model layer id, format) pairs, the variant's own format dropped; the model checks its layers when a state is built."
+    out = {}
+    for layer, fmt in key_format_items(spec):
+        if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0: raise ValueError(f"{what} format for layer {layer!r}: a layer is a model layer id (an int >= 0)")
+        if not isinstance(fmt, str) or fmt not in list_codecs():
+            raise ValueError(f"unknown {what} format {fmt!r} for layer {layer}; supported formats: {', '.join(n for n in list_codecs() if not n.startswith('_'))}")
+        if layer in out: raise ValueError(f"layer {layer} is given two {what} formats ({out[layer]}, {fmt})")
+        out[layer] = fmt
+    return tuple(sorted((l, f) for l, f in out.items() if f != kv_format))
+
 @dataclass(slots=True, frozen=True)
 class KVVariant:
     "What a run changes against the bf16 oracle: the pages' format, the exact window, the key profile."
@@ -93,8 +104,8 @@ class KVVariant:
     def __post_init__(self):
         if not isinstance(self.kv_format, str) or self.kv_format not in list_codecs():
             raise ValueError(f"unknown KV format {self.kv_format!r}; supported formats: {', '.join(n for n in list_codecs() if not n.startswith('_'))}")
-        object.__setattr__(self, "key_formats", key_formats_of(GEOMETRY, self.key_formats, self.kv_format))   # checked, sorted, own format dropped
-        object.__setattr__(self, "value_formats", value_formats_of(GEOMETRY, self.value_formats, self.kv_format))
+        object.__setattr__(self, "key_formats", _layer_formats(self.key_formats, self.kv_format, "key"))   # sorted, own format dropped
+        object.__setattr__(self, "value_formats", _layer_formats(self.value_formats, self.kv_format, "value"))
         for n in ("window", "key_profile"):
             if not isinstance(getattr(self, n), bool): raise TypeError(f"KVVariant.{n} must be a bool, got {getattr(self, n)!r}")
         for n in ("sinks", "recent"):
@@ -171,10 +182,12 @@ class HFTokenizer:
     def piece(self, i:int)->str: return self.tok.decode([int(i)])
 
 class HFModel:
-    "A transformers causal LM driven by the quality harness, its K/V in an `HQKVCache` per state."
-    def __init__(self, lm, # a `hqkv.models.load.LoadedLM`
+    "A transformers causal LM driven by the quality harness, its K/V in an `HQKVCache` per state, read through hqkv's attention function (the paged path: it can read as decode steps do)."
+    def __init__(self, lm, # a `hqkv.models.load.LoadedLM` (its model is switched to `use_hqkv_attention`)
                 ):
         from types import SimpleNamespace
+        from hqkv.hf import use_hqkv_attention
+        use_hqkv_attention(lm.model)
         self.lm, self.model, self.identity, self.geometry = lm, lm.model, lm.identity, lm.geometry
         self.tokenizer = HFTokenizer(lm.tokenizer, lm.bos_id)
         self.cfg = SimpleNamespace(max_position=lm.max_position, global_layers=lm.geometry.attn_ids)
@@ -251,18 +264,27 @@ def _profile_for(model, vs, profile):
     p.check_matches(ident)
     return p
 
-REGIMES = ("decode", "prefill")   # how the scored positions run: one token per forward, or in prefill chunks
+REGIMES = ("decode", "prefill", "decode-steps")   # how scored positions read the keys: as decode steps (in one forward), as prefill chunks, or one token per forward
 
 def _check_regime(regime):
     if regime not in REGIMES: raise ValueError(f"unknown regime {regime!r}; choose one of {', '.join(REGIMES)}")
 
+def _read_as_decode(st, on:bool):
+    "Make a state's next forwards read keys as decode steps would (on) or as their prompt chunk does (off)."
+    kv = getattr(st, "kv", None)            # the own Gemma forward's `SeqState`: a `PagedKV` view, or the oracle's dense K/V
+    if kv is None: st.decode_reads = on      # an `HQKVCache`
+    elif hasattr(kv, "paged"): kv.paged.decode_reads = on
+
 def _forward_scored(model, st, ch:list, ns:int, regime:str):
-    "Run chunk `ch` through state `st`; the logits of its last `ns` positions (None when ns is 0). decode: those positions one token per forward."
+    "Run chunk `ch` through state `st`; the logits of its last `ns` positions (None when ns is 0), read as `regime` says; the rest as a prompt's chunk."
     ns = min(ns, len(ch))
+    _read_as_decode(st, False)
     if not ns: model.forward([st], [ch], logits="none"); return None
     if regime == "prefill": return model.forward([st], [ch], logits=ns)[0]
     if len(ch) > ns: model.forward([st], [ch[:len(ch) - ns]], logits="none")
-    return torch.cat([model.forward([st], [[t]], logits=1)[0] for t in ch[len(ch) - ns:]])
+    if regime == "decode-steps": return torch.cat([model.forward([st], [[t]], logits=1)[0] for t in ch[len(ch) - ns:]])
+    _read_as_decode(st, True)
+    return model.forward([st], [ch[len(ch) - ns:]], logits=ns)[0]
 
 def kld_eval(model, # a `Gemma3`
              ids:list, # the window's token ids (<bos> first)
@@ -271,7 +293,7 @@ def kld_eval(model, # a `Gemma3`
              chunk:int=1024, # prefill chunk (engine.prefill_chunk)
              score_last:int|None=1024, # score the last n positions; None: every position
              profile=None, # `KeyProfile` for variants with `key_profile` (default: the shipped one)
-             regime:str="prefill", # `REGIMES`: the scored positions in chunks (prefill) or one token per forward (decode)
+             regime:str="decode", # `REGIMES`: each scored position reads as a decode step would (decode), or as its prefill chunk does (prefill)
             )->dict: # variant name -> `TokenScores`
     "Teacher-forced next-token distributions of each variant against the bf16 oracle, chunk by chunk in lockstep (scored positions as `regime` says)."
     N, vs = len(ids), _variants(variants)
@@ -343,7 +365,7 @@ def niah_score(model, # a `Gemma3`
                variant:KVVariant|None, # None: the oracle
                chunk:int=1024, # prefill chunk
                profile=None, # `KeyProfile` when `variant.key_profile`
-               regime:str="prefill", # `REGIMES`: the answer's positions in the prompt's chunks (prefill) or one token per forward (decode)
+               regime:str="decode", # `REGIMES`: the answer's positions read as decode steps would (decode) or as their prefill chunk does (prefill)
               )->dict:
     "Prefill prompt + answer (teacher-forced) chunk by chunk; retrieved = every digit is the top token; margin = the smallest gap."
     seq = p.ids + p.answer[:-1]
@@ -384,7 +406,7 @@ def run_kld(model, # a `Gemma3`
             curve:bool=False, # also score every other position: `by_chunk` holds KLD / top-1 / delta NLL per chunk
             profile=None, # `KeyProfile` (default: the shipped one, for variants that use it)
             log=print, # progress lines (None: quiet)
-            regime:str="prefill", # `REGIMES`
+            regime:str="decode", # `REGIMES`
            )->list: # one dict per (context, window, variant)
     "KLD, top-1 and delta NLL (last `score_last` positions) of every variant on `windows` windows of each context length."
     vs, out = _variants(variants), []
@@ -412,7 +434,7 @@ def run_niah(model, # a `Gemma3`
              trials:int=1, # keys per (context, depth)
              seed:int=0, # key seed
              chunk:int=1024, profile=None, log=print,
-             regime:str="prefill", # `REGIMES`
+             regime:str="decode", # `REGIMES`
             )->list: # one dict per (context, depth, trial, variant)
     "Pass-key retrieval of every variant on a grid of contexts x depths x trials (the same keys for every variant)."
     vs = [None if v in (None, ORACLE) else v for v in variants]

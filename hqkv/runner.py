@@ -17,8 +17,8 @@ from .pool import KVPool, Admission, PageTable
 
 # %% auto #0
 __all__ = ['ATTN_BACKENDS', 'StepPlan', 'SeqUndo', 'window_put', 'window_into', 'window_rows', 'AttnBackend', 'encode_store',
-           'gqa_attention', 'GatherDecode', 'GatherPlan', 'gqa_padded', 'GatherAttn', 'page_rows_decoded', 'PagedPlan',
-           'PagedAttn', 'get_backend', 'default_backend', 'PagedKV', 'SeqKV']
+           'decode_span', 'decode_reads', 'gqa_attention', 'GatherDecode', 'GatherPlan', 'gqa_padded', 'GatherAttn',
+           'page_rows_decoded', 'PagedPlan', 'PagedAttn', 'get_backend', 'default_backend', 'PagedKV', 'SeqKV']
 
 # %% ../nbs/40a_runner.ipynb #e9dde35e
 @dataclass(slots=True, eq=False)
@@ -127,18 +127,33 @@ def _held(kv, P:int) -> tuple[int, int]:
     s = min(S, P)
     return s, (max(s, P - R) if R else P)
 
+def _window_of(kv) -> tuple[int, int]: return (kv.sinks, kv.recent) if kv.windows is not None else (0, 0)
+
+def decode_span(P:int, n:int, S:int, R:int) -> tuple[int, int]:
+    "Positions [lo, hi) that a decode step would read from the codes for some query of a chunk of n tokens at P, where the chunk's prefill reads them exact (window: S sinks, R recent; 0, 0 without one)."
+    s = min(S, P)
+    lo = max(max(s, P - R) if R else P, S)
+    return lo, max(lo, P + n - 1 - R)
+
+def decode_reads(P:int, n:int, lo:int, hi:int, R:int, device=None) -> Tensor: # bool [n, P + n + hi - lo]
+    "What each query of a chunk at P reads as a decode step would. Columns [0, P + n): the prefix as the chunk's prefill sees it (exact from `lo` on) and the chunk; then the coded rows of positions [lo, hi). A query at p reads keys older than p - R (past the sinks) from the codes, the rest exact."
+    qp = P + torch.arange(n, device=device)[:, None]
+    kb, kx = torch.arange(P + n, device=device)[None], torch.arange(lo, hi, device=device)[None]
+    return torch.cat([(kb <= qp) & ((kb < lo) | (kb >= qp - R)), kx < qp - R], 1)
+
 def gqa_attention(q:Tensor, # float32 [n, Hq, D]: a chunk's queries at positions P..P+n-1
                   K:Tensor, V:Tensor, # float32 [L, Hkv, D]: every key/value the chunk sees (its own last), positions K0..P+n-1
                   P:int, scale:float,
                   softcap:float|None=None, # Gemma 2: scores soft-capped at +-softcap
                   window:int|None=None, # sliding window: a query at p sees keys p-window+1..p
-                  K0:int=0) -> Tensor: # [n, Hq, D]
+                  K0:int=0,
+                  mask:Tensor|None=None) -> Tensor: # bool [n, L]: which keys each query reads (instead of causal and window)
     "Causal attention in which the G query heads of a KV head are G rows of one query matrix: K and V are read once per KV head."
     n, Hq, D = q.shape
     L, Hkv = K.shape[:2]; G = Hq // Hkv
     rows = q.reshape(n, Hkv, G, D).transpose(0, 1).reshape(Hkv, n * G, D)            # row = token * G + head
-    mask = None
-    if n > 1 or window is not None:
+    if mask is not None: mask = mask.repeat_interleave(G, 0)
+    elif n > 1 or window is not None:
         kpos, qpos = K0 + torch.arange(L, device=q.device), (P + torch.arange(n, device=q.device)).repeat_interleave(G)
         mask = kpos[None, :] <= qpos[:, None]
         if window is not None: mask &= kpos[None, :] > qpos[:, None] - window
@@ -165,7 +180,7 @@ class GatherDecode:
 
 @dataclass(slots=True)
 class GatherPlan:
-    "The decode batch, and per prefill chunk (index, P, s, r, src): rows [0, s) from the sinks, [s, r) decoded from flat page rows `src`, [r, P) from the ring."
+    "The decode batch, and per prefill chunk (index, P, s, r, src, x): rows [0, s) from the sinks, [s, r) decoded from flat page rows `src`, [r, P) from the ring; x: (lo, hi, flat page rows) of the positions its queries read coded under `decode_reads`, or None."
     spans: list
     longest: int               # the longest prefix + chunk among the prefill chunks (one K/V buffer serves them all)
     dec: GatherDecode|None
@@ -221,15 +236,17 @@ class GatherAttn:
         dec = step.decoding
         spans = []
         for i in (i for i in range(len(step)) if i not in set(dec)):
-            P = step.pos0[i]; s, r = _held(kv, P)
-            spans.append((i, P, s, r, _page_rows(kv, step.seq_ids[i], s, r).to(kv.pool.device) if r > s else None))
+            P, sid = step.pos0[i], step.seq_ids[i]; s, r = _held(kv, P)
+            lo, hi = decode_span(P, step.lens[i], *_window_of(kv)) if kv.decode_reads else (0, 0)
+            spans.append((i, P, s, r, _page_rows(kv, sid, s, r).to(kv.pool.device) if r > s else None,
+                          (lo, hi, _page_rows(kv, sid, lo, hi).to(kv.pool.device)) if hi > lo else None))
         return GatherPlan(spans, max((P + step.lens[i] for i, P, *_ in spans), default=0), _plan_decode(kv, step, dec) if dec else None)
     def attend(self, kv, step, li, q, k, v, scale, softcap=None):
         kc, vc = kv.k_codecs[li], kv.v_codecs[li]
         qr, kr, vr = kc.rotate(q.float()), kc.rotate(k.float()), vc.rotate(v.float())   # scores in the keys' domain, outputs in the values'
         out, p = torch.empty_like(qr), step.attn
         if p.dec is not None: out[p.dec.rows] = self._decode(kv, li, p.dec, qr, kr, vr, scale, softcap)
-        for i, P, s, r, src in p.spans: out[step.span(i)] = self._chunk(kv, li, step, i, P, s, r, src, qr, kr, vr, scale, softcap)
+        for i, P, s, r, src, x in p.spans: out[step.span(i)] = self._chunk(kv, li, step, i, P, s, r, src, x, qr, kr, vr, scale, softcap)
         _window_append(kv, step, li, range(len(step)), kr, vr)
         return vc.unrotate(out)
 
@@ -261,8 +278,8 @@ def _decode(self:GatherAttn, kv, li:int, d:GatherDecode, qr, kr, vr, scale, soft
     return gqa_padded(qr[d.rows], K, V, d.lens, scale, softcap)
 
 @patch
-def _chunk(self:GatherAttn, kv, li:int, step, i:int, P:int, s:int, r:int, src, qr, kr, vr, scale, softcap) -> Tensor:
-    "One prefill chunk attends over its prefix (sinks, codes, ring) and causally over itself."
+def _chunk(self:GatherAttn, kv, li:int, step, i:int, P:int, s:int, r:int, src, x, qr, kr, vr, scale, softcap) -> Tensor:
+    "One prefill chunk attends over its prefix (sinks, codes, ring) and causally over itself; with `x` = (lo, hi, rows), as decode steps would read (`decode_reads`)."
     w, kp = (kv.windows[li] if kv.windows is not None else None), kv.pool.k(li)
     sl, lane, H, D = step.span(i), step.lanes[i], kp.shape[2], kv.k_codecs[li].head_dim
     K, V = self.buffers("chunk", P + step.lens[i], H, D, qr.device)
@@ -270,7 +287,11 @@ def _chunk(self:GatherAttn, kv, li:int, step, i:int, P:int, s:int, r:int, src, q
     if s: window_into(w, lane, 0, s, K, V, P)
     if P > r: window_into(w, lane, r, P, K[r:P], V[r:P], P)
     K[P:], V[P:] = kr[sl], vr[sl]
-    return gqa_attention(qr[sl], K, V, P, scale, softcap)
+    if x is None: return gqa_attention(qr[sl], K, V, P, scale, softcap)
+    lo, hi, rows = x
+    kx, vx = self._rows(kv, li, rows)
+    mask = decode_reads(P, step.lens[i], lo, hi, _window_of(kv)[1], qr.device)
+    return gqa_attention(qr[sl], torch.cat([K, kx]), torch.cat([V, vx]), P, scale, softcap, mask=mask)
 
 # %% ../nbs/40a_runner.ipynb #65005404
 @dataclass(slots=True)
@@ -380,7 +401,8 @@ class PagedKV:
                  attn:str|None=None,        # 'gather', 'ref' or 'triton' (see the table); default: `default_backend(pool)`
                  lanes:int=8,               # sequence lanes allocated up front (doubled when they run out)
                  key_profile=None,          # a `hqkv.calibrate.KeyProfile`: keys stored as (k - mu) / sigma, queries times sigma
-                 defer_codes:bool=True):    # code decode rows a page at a time from the window (when it holds a page; not with Triton)
+                 defer_codes:bool=True,     # code decode rows a page at a time from the window (when it holds a page; not with Triton)
+                 decode_reads:bool=False):  # prefill chunks read keys as decode steps would (the quality harness's decode regime); 'gather' only
         if not isinstance(pool, KVPool): raise TypeError(f"pool must be a KVPool, got {type(pool).__name__}")
         for n, x in (("window_sinks", window_sinks), ("window_recent", window_recent), ("lanes", lanes)):
             if isinstance(x, bool) or not isinstance(x, int) or x < 0: raise ValueError(f"{n} must be a non-negative int, got {x!r}")
@@ -390,12 +412,13 @@ class PagedKV:
             raise ValueError(f"layers must name the {g.attn_layers} distinct model layers of the pool's attention layers, got {layers}")
         backend = get_backend(default_backend(pool) if attn is None else attn)
         backend.check(pool)
+        if decode_reads and backend.name != "gather": raise ValueError(f"decode_reads needs attn='gather', got {backend.name!r}")
         if key_profile is not None: key_profile.check_geometry(layers, g.kv_heads, g.head_dim); key_profile = key_profile.to(pool.device)
         self.pool, self.codec, self.backend, self.key_profile = pool, pool.codec, backend, key_profile
         self.k_codecs = tuple(pool.k_codec(i) for i in range(g.attn_layers))   # per pool layer: its keys' codec ...
         self.v_codecs = tuple(pool.v_codec(i) for i in range(g.attn_layers))   # ... and its values' (one and the same in a one-format pool)
         self.layers, self.layer_index = layers, {l: i for i, l in enumerate(layers)}
-        self.sinks, self.recent = window_sinks, window_recent
+        self.sinks, self.recent, self.decode_reads = window_sinks, window_recent, bool(decode_reads)
         self.defer = bool(defer_codes) and window_recent >= pool.page_tokens and backend.defers_codes
         self.capacity = max(1, lanes)
         self.windows = None if not (window_sinks or window_recent) else [
