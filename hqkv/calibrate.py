@@ -420,4 +420,4 @@ def calibrate_report(prof:KeyProfile, path:Path) -> dict:
                 kv_heads=prof.kv_heads, head_dim=prof.head_dim, source=prof.source, n_tokens=prof.n_tokens, mode=prof.mode,
                 mu_abs_max=[round(float(x), 4) for x in prof.mu.abs().amax((1, 2))],
                 sigma_min=[round(float(x), 5) for x in s.amin((1, 2))], sigma_median=[round(float(x), 5) for x in s.flatten(1).median(1).values],
-                sigma_max=[round(float(x), 4) for x in s.amax((1, 2))])
+                sigma_max=[round(float(x), 4) for x in s.amax((1, 2))], plans=prof.plans)

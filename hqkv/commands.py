@@ -184,13 +184,21 @@ register_command("eval", "measure a KV format against the bf16 oracle on real te
 # %% ../nbs/42a_commands.ipynb #b7d7fbe4
 def _calibrate_setup(p:argparse.ArgumentParser):
     from hqkv.calibrate import MODES
-    add_settings(p, fields=("model",))
+    from hqkv.bitplan import CANDIDATES
+    add_settings(p, fields=("model", "window_sinks", "window_recent"))
     p.add_argument("--text-file", required=True, help="UTF-8 text to run the model over (another kind of text than the one you evaluate on)")
     p.add_argument("--out", default=None, help="where to write the profile (.pt); default: the cache directory, where key_profile=auto finds it")
     p.add_argument("--force", action="store_true", help="overwrite --out even when it is not a key profile")
     p.add_argument("--tokens", type=int, default=None, help="use the first N tokens of the text (default: all of it)")
     p.add_argument("--mode", default="qk", choices=MODES, help="how sigma is chosen: qk (score-optimal, default) or std")
     p.add_argument("--chunk", type=int, default=1024, help="tokens per forward of the capture run (default: 1024)")
+    g = p.add_argument_group("bit plan", "per-(layer, K/V) formats under a budget, measured on the same text and stored in the profile (hqkv.bitplan)")
+    g.add_argument("--budget", default=None, help="mean bits per value over the coded rows (e.g. 2.5) or bytes per token ('480B'): also choose a plan")
+    g.add_argument("--plan-format", default="hq-e8-2b", help="the pool format the plan is for (default: hq-e8-2b)")
+    g.add_argument("--candidates", default=",".join(CANDIDATES), help=f"formats a row may take (default: {','.join(CANDIDATES)})")
+    g.add_argument("--plan-windows", type=int, default=2, help="calibration windows, spread over the text (default: 2)")
+    g.add_argument("--plan-context", type=int, default=4096, help="tokens per calibration window (default: 4096)")
+    g.add_argument("--plan-only", action="store_true", help="keep the model's profile (--out, else the one key_profile=auto finds) and only add the plan")
 
 def _first_tokens(ids:list, n:int|None, limit:int, what:str) -> list:
     "The first `n` ids (all when None), refused beyond the model's context."
@@ -201,18 +209,38 @@ def _first_tokens(ids:list, n:int|None, limit:int, what:str) -> list:
     return ids
 
 def _calibrate_profile(args, model_path:str, text:str, tf:Path):
-    "The key profile of the bundled model (through hqkv's own Gemma 3 forward) or of any transformers causal LM."
-    from hqkv.calibrate import DEFAULT_MODEL, calibrate, calibrate_hf, model_identity
+    "The model as the quality harness drives it (`Gemma3` or `HFModel`), its identity, and its key profile: measured on the text, or (--plan-only) the one it has."
+    from hqkv.calibrate import DEFAULT_MODEL, calibrate, calibrate_hf, model_identity, find_profile, KeyProfile
     if model_path == DEFAULT_MODEL:
         from hqkv.models.gemma3 import load_gemma3
-        model = load_gemma3(torch.float32)
+        model = load_gemma3(torch.float32); ident = model_identity(model, DEFAULT_MODEL)
+    else:
+        from hqkv.models.load import load_causal_lm
+        from hqkv.quality import HFModel
+        lm = load_causal_lm(model_path); ident = lm.identity
+    if args.plan_only:
+        prof = KeyProfile.load(args.out) if args.out else find_profile(ident)
+        if prof is None: raise ValueError(f"--plan-only: {ident.short()} has no key profile yet; run without --plan-only first")
+        prof.check_matches(ident)
+    elif model_path == DEFAULT_MODEL:
         ids = _first_tokens(model.tokenizer.encode(text), args.tokens, model.cfg.max_position, str(tf))
-        return calibrate(model, ids, model_identity(model, DEFAULT_MODEL), source=tf.name, mode=args.mode, chunk=args.chunk)
-    from hqkv.models.load import load_causal_lm
-    lm = load_causal_lm(model_path)
-    bos = [] if lm.bos_id is None else [lm.bos_id]
-    ids = _first_tokens(bos + lm.tokenizer.encode(text, add_special_tokens=False), args.tokens, lm.max_position, str(tf))
-    return calibrate_hf(lm.model, ids, lm.identity, source=tf.name, mode=args.mode, skip=len(bos), chunk=args.chunk, progress=None)
+        prof = calibrate(model, ids, ident, source=tf.name, mode=args.mode, chunk=args.chunk)
+    else:
+        bos = [] if lm.bos_id is None else [lm.bos_id]
+        ids = _first_tokens(bos + lm.tokenizer.encode(text, add_special_tokens=False), args.tokens, lm.max_position, str(tf))
+        prof = calibrate_hf(lm.model, ids, lm.identity, source=tf.name, mode=args.mode, skip=len(bos), chunk=args.chunk, progress=None)
+    return (model if model_path == DEFAULT_MODEL else HFModel(lm)), prof
+
+def _calibrate_plan(args, model, prof, text:str, tf:Path, cfg):
+    "The profile with a bit plan measured on windows of the text (`hqkv.bitplan.calibrate_plan`)."
+    from hqkv.bitplan import calibrate_plan
+    from hqkv.quality import text_windows
+    ids = model.tokenizer.encode(text, add_bos=False)
+    if args.plan_context > model.cfg.max_position: raise ValueError(f"--plan-context {args.plan_context} exceeds the model's context of {model.cfg.max_position}")
+    wins = text_windows(ids, args.plan_context, args.plan_windows, bos=model.tokenizer.bos_id)
+    bp = calibrate_plan(model, wins, args.budget, args.plan_format, [c for c in args.candidates.split(",") if c], prof, cfg.window_sinks, cfg.window_recent,
+                        chunk=min(1024, args.plan_context), score_last=min(1024, args.plan_context), source=tf.name, log=None if args.json else print)
+    return prof.with_plan(bp)
 
 def _check_out(out:Path, force:bool):
     "Refuse an --out that cannot be written, or that holds a file that is not a key profile (unless --force)."
@@ -230,10 +258,19 @@ def _calibrate_run(args) -> int:
     if not tf.is_file(): raise ValueError(f"text file {tf} does not exist")
     if args.tokens is not None and args.tokens < 3: raise ValueError(f"--tokens must be >= 3, got {args.tokens}")
     if args.chunk < 1: raise ValueError(f"--chunk must be >= 1, got {args.chunk}")
+    if args.budget is None and args.plan_only: raise ValueError("--plan-only needs --budget")
+    if args.budget is not None:
+        from hqkv.bitplan import parse_budget
+        from hqkv.codec import codec_class
+        parse_budget(args.budget, 1)                                      # unreadable: fails before the model loads
+        for f in [args.plan_format] + args.candidates.split(","): codec_class(f)
+        if args.plan_windows < 1 or args.plan_context < 128: raise ValueError(f"--plan-windows must be >= 1 and --plan-context >= 128, got {args.plan_windows} and {args.plan_context}")
     try: text = tf.read_text(encoding="utf-8")
     except UnicodeDecodeError as e: raise ValueError(f"text file {tf} is not UTF-8 (offset {e.start})") from None
     if args.out: _check_out(Path(args.out), args.force)                  # before the model loads: a bad --out fails at once
-    prof = _calibrate_profile(args, config_from_args(args).model, text, tf)
+    cfg = config_from_args(args)
+    model, prof = _calibrate_profile(args, cfg.model, text, tf)
+    if args.budget is not None: prof = _calibrate_plan(args, model, prof, text, tf, cfg)
     out = Path(args.out) if args.out else profile_path(prof.model)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
@@ -246,6 +283,9 @@ def _calibrate_run(args) -> int:
               f"{r['kv_heads']} x {r['head_dim']}, {prof.n_tokens:,} tokens of {prof.source}, mode {prof.mode}")
         for i, l in enumerate(prof.layers):
             print(f"  layer {l}: |mu| max {r['mu_abs_max'][i]:g}, sigma min/median/max {r['sigma_min'][i]:g} / {r['sigma_median'][i]:g} / {r['sigma_max'][i]:g}")
+        for base in prof.plans:
+            bp = prof.plan_for(base)
+            print(f"  bit plan for {base} at {bp.budget_bits:g} bits: {bp.tag}, calibration KLD {bp.base_kld:.4f} -> predicted {bp.predicted_kld:.4f}")
     return 0
 
 register_command("calibrate", "measure a model's key profile (per-channel key mean and scale) on a text", _calibrate_setup, _calibrate_run)

@@ -28,7 +28,8 @@ _log = logging.getLogger("hqkv.runtime")
 
 # %% auto #0
 __all__ = ['DEMO_DEFAULTS', 'SamplingParams', 'sample', 'TokenEvent', 'check_device', 'memory_bytes', 'load_model', 'stop_ids',
-           'engine_key_profile', 'Engine', 'request_rates', 'prefill_progress', 'first_difference', 'demo_report']
+           'engine_key_profile', 'Engine', 'bit_plan_for', 'request_rates', 'prefill_progress', 'first_difference',
+           'demo_report']
 
 # %% ../nbs/41_engine.ipynb #8cfc0534
 @dataclass(slots=True, frozen=True)
@@ -147,6 +148,11 @@ class Engine:
                 f"key_profile={self.key_profile}, attn={self.paged.attn}, {c.policy}, running={len(self.running)}, waiting={len(self.waiting)})")
 
 # %% ../nbs/41_engine.ipynb #e4a57409
+def bit_plan_for(cfg:EngineConfig, prof): # -> `hqkv.bitplan.BitPlan` | None
+    "The calibrated plan the engine applies: kv.bit_plan=auto, a key profile with a plan for kv.format, and no manual key_formats/value_formats."
+    if cfg.bit_plan != "auto" or prof is None or cfg.key_formats or cfg.value_formats: return None
+    return prof.plan_for(cfg.kv_format)
+
 @patch
 def _build(self:Engine, cfg:EngineConfig):
     "Make the pool, its PagedKV, the model runner and the scheduler for `cfg` (nothing changes if that fails)."
@@ -158,8 +164,12 @@ def _build(self:Engine, cfg:EngineConfig):
     if want.type != p0.device.type or want.index not in (None, p0.device.index) or cfg.torch_dtype != p0.dtype:   # 'cuda' is 'cuda:0'
         raise ValueError(f"the model is {p0.dtype} on {p0.device}, the config asks for {cfg.dtype} on {cfg.device}: "
                          "load the model that way (or pass model=) and build a new Engine")
+    from hqkv.calibrate import describe_key_profile
+    prof = engine_key_profile(str(cfg.key_profile), cfg.kv_format, lm)   # a profile of another model: ValueError
+    kf, vf, bp = cfg.key_formats, cfg.value_formats, bit_plan_for(cfg, prof)
+    if bp is not None: kf, vf = bp.key_formats, bp.value_formats
     p = plan(self.geometry, cfg.kv_format, cfg.kv_pool_bytes, context=cfg.max_context, exact_tokens=cfg.window_sinks + cfg.window_recent,
-             key_formats=cfg.key_formats, value_formats=cfg.value_formats)   # a format for a layer the model does not have: ValueError
+             key_formats=kf, value_formats=vf)   # a format for a layer the model does not have: ValueError
     have = memory_bytes(cfg.device)
     if p.bytes + cfg.max_batch * p.state_bytes > have:
         raise ValueError(f"vram.kv_pool_bytes={cfg.kv_pool_bytes!r} asks for {p.bytes:,} bytes of pages (+ {cfg.max_batch * p.state_bytes:,} of fixed state "
@@ -169,14 +179,13 @@ def _build(self:Engine, cfg:EngineConfig):
         raise ValueError(f"vram.kv_pool_bytes={cfg.kv_pool_bytes!r} buys {p.pages} pages = {p.tokens:,} tokens in {cfg.kv_format}, less than one "
                          f"engine.max_context of {cfg.max_context:,} tokens: give at least {need * p.page_bytes:,} bytes ({need * p.page_tokens}tok) "
                          f"or lower engine.max_context")
-    from hqkv.calibrate import describe_key_profile
-    prof = engine_key_profile(str(cfg.key_profile), cfg.kv_format, lm)   # a profile of another model: ValueError
     # naming a format in kv.key_formats is asking for it (tbq3 as the whole pool's format stays refused unless HQKV_ALLOW_TBQ3=1)
     opts = {f: asked_codec_opts(f) for _, f in p.key_formats + p.value_formats}
     pool = KVPool(self.geometry, cfg.kv_format, cfg.kv_pool_bytes, device=cfg.device, key_formats=p.key_formats, value_formats=p.value_formats, codec_opts=opts)
     paged = PagedKV(pool, window_sinks=cfg.window_sinks, window_recent=cfg.window_recent, attn=cfg.attn, lanes=cfg.max_batch, key_profile=prof)
     runner = ModelRunner(lm, paged)   # a model the backend cannot run (soft-capping on ref/triton, a profile with soft-capping): ValueError
     self.config, self.pool, self.paged, self.runner, self.plan, self.key_profile = cfg, pool, paged, runner, p, describe_key_profile(prof)
+    self.bit_plan = bp.tag if bp is not None else "manual" if (cfg.key_formats or cfg.value_formats) else "off" if cfg.bit_plan == "off" else "none"
     resume = cfg.prefix_reuse and runner.resumable and paged.exact_resume   # otherwise prompts are recomputed (see "Prefix reuse")
     self.prefix_reuse = "on" if resume else ("off" if not cfg.prefix_reuse else "pages-only")
     self.scheduler = Scheduler(paged, cfg.max_batch, cfg.prefill_chunk, cfg.policy, cfg.step_tokens, skip_reused=resume)
@@ -187,7 +196,7 @@ def plan_line(self:Engine) -> str:
     "The pool's `hqkv.runtime.vram_plan` line, the fixed state each sequence holds beside it, the model, and the key profile."
     c = self.config
     return (f"{self.pool.plan_line()} state_per_lane={self.plan.state_bytes} lanes={c.max_batch} model={self.lm.name} key_profile={self.key_profile} "
-            f"prefill_chunk={c.prefill_chunk} step_tokens={c.step_tokens or 'none'} prefix_reuse={self.prefix_reuse}")
+            f"bit_plan={self.bit_plan} prefill_chunk={c.prefill_chunk} step_tokens={c.step_tokens or 'none'} prefix_reuse={self.prefix_reuse}")
 
 @patch
 def reconfigure(self:Engine, **changes) -> EngineConfig:

@@ -303,6 +303,7 @@ class HQKVCache(Cache):
                  key_formats=None, # some full-attention layers' keys in their own format: {layer index: format} or '5=tbq3,11=tbq3'
                  value_formats=None, # ... and values, the same way
                  decode_reads:bool=False, # a prompt chunk's queries read keys as decode steps would (the quality harness's decode regime; paged path)
+                 bit_plan:str="auto", # "auto": the key profile's calibrated per-(layer, K/V) formats for kv_format, unless key_formats/value_formats are given; "off"
                  **codec_opts): # passed to `get_codec` for kv_format, e.g. allow=True for tbq3 (a format named in key_formats is asked for)
         cfg = model.config if isinstance(model, PreTrainedModel) else model
         if not isinstance(cfg, PretrainedConfig):
@@ -320,12 +321,15 @@ class HQKVCache(Cache):
         try: codec = get_codec(kv_format, head_dim=D, **codec_opts)
         except ValueError as e: raise ValueError(f"HQKVCache: cannot store this model's K/V (head_dim {D}) as {kv_format!r}: {e}") from e
         full = tuple(i for i, t in enumerate(types) if t == "full_attention")
+        if bit_plan not in ("auto", "off"): raise ValueError(f"HQKVCache: bit_plan must be 'auto' or 'off', got {bit_plan!r}")
+        key_profile = cache_key_profile(key_profile, model, kv_format)
+        plan = None if bit_plan == "off" or key_profile is None or key_formats or value_formats else key_profile.plan_for(kv_format)
+        if plan is not None: key_formats, value_formats = dict(plan.key_formats), dict(plan.value_formats)
         kf = dict(parse_key_formats(key_formats, full, D, kv_format, "this model"))   # a layer that is not full attention: ValueError
         vf = dict(parse_key_formats(value_formats, full, D, kv_format, "this model", what="value"))
         k_codecs = {l: get_codec(f, head_dim=D, **asked_codec_opts(f)) for l, f in kf.items()}
         v_codecs = {l: get_codec(f, head_dim=D, **asked_codec_opts(f)) for l, f in vf.items()}
         for l in v_codecs: k_codecs.setdefault(l, codec)    # a layer's value codec given alone: its keys stay in kv_format
-        key_profile = cache_key_profile(key_profile, model, kv_format)
         if key_profile is not None:
             key_profile.check_geometry(full, getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads, D)
         slot = {l: j for j, l in enumerate(full)}
@@ -333,7 +337,7 @@ class HQKVCache(Cache):
                   else DYNAMIC_LAYER_TYPE_MAPPING[t](**kw) for i, (t, kw) in enumerate(zip(types, layer_kwargs))]
         super().__init__(layers=layers)
         self.codec, self.config, self.window_sinks, self.window_recent = codec, cfg, window_sinks, window_recent
-        self.key_profile, self._hqkv_idx, self.key_formats, self.value_formats = key_profile, full, kf, vf
+        self.key_profile, self._hqkv_idx, self.key_formats, self.value_formats, self.bit_plan = key_profile, full, kf, vf, plan
 
     def update(self, key_states:Tensor, value_states:Tensor, layer_idx:int, *args, **kwargs)->tuple[Tensor, Tensor]:
         "Check that no coded layer is left inconsistent, then let layer `layer_idx` update."

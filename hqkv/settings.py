@@ -56,6 +56,7 @@ SETTINGS = (
     Setting("key_profile", "kv.key_profile", "str", "auto", "--key-profile", "'auto' (the model's calibrated profile, rotated formats), 'off', or a profile file"),
     Setting("key_formats", "kv.key_formats", "formats", "", "--key-formats", "some layers' keys in their own format, 'LAYER=FORMAT,...' (model layer ids), e.g. '5=tbq3,11=tbq3'"),
     Setting("value_formats", "kv.value_formats", "formats", "", "--value-formats", "some layers' values in their own format, the same way, e.g. '5=q8_0'"),
+    Setting("bit_plan", "kv.bit_plan", "str", "auto", "--bit-plan", "'auto': the key profile's calibrated per-(layer, K/V) formats for kv.format (`hqkv calibrate --budget`) unless key_formats or value_formats are set; 'off': none"),
 )
 SETTING = {s.field: s for s in SETTINGS}
 
@@ -105,6 +106,7 @@ class _Checks:
             if isinstance(x, Mapping): x = ",".join(f"{l}={f}" for l, f in x.items()); setattr(self, n, x)   # a TOML table
             if not isinstance(x, str): raise TypeError(f"{n} must be a string like '5=tbq3,11=tbq3', got {x!r}")
             for _, f in key_format_items(x): codec_class(f)   # syntax and format names now; layer ids when the pool is built
+        if self.bit_plan not in ("auto", "off"): raise ValueError(f"kv.bit_plan must be 'auto' or 'off', got {self.bit_plan!r}")
         if self.attn is not None and self.attn not in ATTN_BACKENDS:
             raise ValueError(f"unknown attention backend {self.attn!r}; choose one of {', '.join(ATTN_BACKENDS)}")
 
