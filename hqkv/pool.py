@@ -134,186 +134,204 @@ class PageAllocator:
         return (f"PageAllocator(pages={self.num_pages}, page_tokens={self.page_tokens}, used={self.used_pages}, "
                 f"retained={self.retained_pages}, free={self.free_pages}, reserved={self._reserved}, sequences={len(self._seqs)})")
 
-    def admit(self,
-              seq_id:Hashable,        # the caller's id for this request (unique among admitted requests)
-              prompt_ids,             # the prompt's token ids (at least one)
-              max_new_tokens:int,     # generation cap: the bound is len(prompt_ids) + max_new_tokens
-             ) -> Admission:
-        "Reserve the request's whole bound, sharing the longest cached prefix; `PoolFull` if it must wait, ValueError if it can never fit."
-        try: hash(seq_id)
-        except TypeError: raise TypeError(f"seq_id must be hashable, got {type(seq_id).__name__}") from None
-        if seq_id in self._seqs: raise ValueError(f"sequence id {seq_id!r} is already admitted")
-        ids = _ids(prompt_ids); _count(max_new_tokens, "max_new_tokens")
-        if not ids: raise ValueError("prompt_ids is empty: a request needs at least one prompt token")
-        pt, bound = self.page_tokens, len(ids) + max_new_tokens
-        bound_pages = -(-bound // pt)
-        if bound_pages > self.num_pages:
-            raise ValueError(f"request bound of {bound} tokens (prompt {len(ids)} + max_new_tokens {max_new_tokens}) needs "
-                             f"{bound_pages} pages of {pt} tokens, but the whole pool has {self.num_pages} pages "
-                             f"({self.num_pages * pt} tokens): it can never be admitted")
-        pages, keys = self._match(ids)
-        revived = sum(1 for p in pages if self._ref[p] == 0)   # retained pages this request takes back into use
-        need, avail = bound_pages - len(pages), self.available_pages - revived
-        if need > avail: raise PoolFull(need, avail, self.num_pages)
-        for p in pages:
-            if self._ref[p] == 0: del self._retained[p]
-            self._ref[p] += 1
-        self._uid += 1
-        s = _Seq(seq_id, self._uid, pages, keys, ids, bound, need)
-        s.length = len(pages) * pt
-        self._seqs[seq_id] = s
-        self._reserved += need
-        self.reused_tokens_total += s.length; self.admissions_total += 1
-        return Admission(seq_id, s.length, len(pages), need, bound)
+# %% ../nbs/20_pool.ipynb #84a20fc1
+@patch
+def admit(self:PageAllocator,
+          seq_id:Hashable,        # the caller's id for this request (unique among admitted requests)
+          prompt_ids,             # the prompt's token ids (at least one)
+          max_new_tokens:int,     # generation cap: the bound is len(prompt_ids) + max_new_tokens
+         ) -> Admission:
+    "Reserve the request's whole bound, sharing the longest cached prefix; `PoolFull` if it must wait, ValueError if it can never fit."
+    try: hash(seq_id)
+    except TypeError: raise TypeError(f"seq_id must be hashable, got {type(seq_id).__name__}") from None
+    if seq_id in self._seqs: raise ValueError(f"sequence id {seq_id!r} is already admitted")
+    ids = _ids(prompt_ids); _count(max_new_tokens, "max_new_tokens")
+    if not ids: raise ValueError("prompt_ids is empty: a request needs at least one prompt token")
+    pt, bound = self.page_tokens, len(ids) + max_new_tokens
+    bound_pages = -(-bound // pt)
+    if bound_pages > self.num_pages:
+        raise ValueError(f"request bound of {bound} tokens (prompt {len(ids)} + max_new_tokens {max_new_tokens}) needs "
+                         f"{bound_pages} pages of {pt} tokens, but the whole pool has {self.num_pages} pages "
+                         f"({self.num_pages * pt} tokens): it can never be admitted")
+    pages, keys = self._match(ids)
+    revived = sum(1 for p in pages if self._ref[p] == 0)   # retained pages this request takes back into use
+    need, avail = bound_pages - len(pages), self.available_pages - revived
+    if need > avail: raise PoolFull(need, avail, self.num_pages)
+    for p in pages:
+        if self._ref[p] == 0: del self._retained[p]
+        self._ref[p] += 1
+    self._uid += 1
+    s = _Seq(seq_id, self._uid, pages, keys, ids, bound, need)
+    s.length = len(pages) * pt
+    self._seqs[seq_id] = s
+    self._reserved += need
+    self.reused_tokens_total += s.length; self.admissions_total += 1
+    return Admission(seq_id, s.length, len(pages), need, bound)
 
-    def try_admit(self, seq_id:Hashable, prompt_ids, max_new_tokens:int) -> Admission|None:
-        "`admit`, but None instead of `PoolFull` when the request must wait."
-        try: return self.admit(seq_id, prompt_ids, max_new_tokens)
-        except PoolFull: return None
+@patch
+def try_admit(self:PageAllocator, seq_id:Hashable, prompt_ids, max_new_tokens:int) -> Admission|None:
+    "`admit`, but None instead of `PoolFull` when the request must wait."
+    try: return self.admit(seq_id, prompt_ids, max_new_tokens)
+    except PoolFull: return None
 
-    def _take_page(self) -> int:
-        if not self._free: self._evict_one()
-        return self._free.pop()
+# %% ../nbs/20_pool.ipynb #9c42edc8
+@patch
+def _take_page(self:PageAllocator) -> int:
+    if not self._free: self._evict_one()
+    return self._free.pop()
 
-    def _seal(self, s:_Seq):
-        "Seal the sequence's full pages: immutable from now on, and entered into the prefix index when their ids are known."
-        pt, full = self.page_tokens, s.length // self.page_tokens
-        while s.sealed < full:
-            i = s.sealed
-            if len(s.hashes) == i and len(s.tokens) >= (i + 1) * pt:  # ids known and the chain unbroken
-                k = self._page_key(s.hashes[-1] if i else self._root, s.tokens[i * pt:(i + 1) * pt])
-                s.hashes.append(k)
-                p = s.pages[i]
-                if k not in self._index: self._index[k] = p; self._key[p] = k   # else: same content already cached; this copy stays private
-            s.sealed += 1
-
-    def append(self,
-               seq_id:Hashable,           # an admitted sequence
-               n_tokens:int|None=None,    # tokens to add (default: len(token_ids))
-               token_ids=None,            # their ids, if known; needed to share pages of generated tokens
-              ) -> int:
-        "Grow the sequence by `n_tokens` inside its reservation; returns the first new position (the caller writes [start, start+n))."
-        s = self._seq(seq_id)
-        ids = None if token_ids is None else _ids(token_ids)
-        if n_tokens is None:
-            if ids is None: raise ValueError("append: give n_tokens or token_ids")
-            n_tokens = len(ids)
-        n = _count(n_tokens, "n_tokens")
-        if ids is not None and len(ids) != n: raise ValueError(f"append: n_tokens={n} but {len(ids)} token_ids")
-        start = s.length
-        if start + n > s.bound:
-            raise ValueError(f"append of {n} tokens to sequence {seq_id!r} at length {start} exceeds its reservation of "
-                             f"{s.bound} tokens (prompt + max_new_tokens)")
-        if ids is not None:
-            known = s.tokens[start:start + n]
-            if ids[:len(known)] != known:
-                raise ValueError(f"append: token_ids disagree with the prompt of sequence {seq_id!r} at positions {start}..{start + len(known) - 1}")
-        # every check passed: from here on nothing raises
-        self._seal(s)  # the caller has written what the previous append handed out
-        if ids is not None and len(s.tokens) >= start: s.tokens.extend(ids[len(s.tokens) - start:])
-        for _ in range(-(-(start + n) // self.page_tokens) - len(s.pages)):
-            p = self._take_page()
-            self._ref[p], self._writer[p] = 1, s.uid
-            s.pages.append(p); s.reserved -= 1; self._reserved -= 1
-        s.length = start + n
-        return start
-
-    def _release(self, s:_Seq):
-        for p in reversed(s.pages):  # the first page enters the LRU last: evicted last
-            self._ref[p] -= 1
-            if self._ref[p] == 0:
-                self._writer[p] = None
-                if self._key[p] is not None: self._retained[p] = None
-                else: self._free.append(p)
-        self._reserved -= s.reserved
-        del self._seqs[s.seq_id]
-
-    def finish(self, seq_id:Hashable):
-        "Release a finished request: its full pages are sealed and retained for prefix reuse; the rest, and its unused reservation, are freed."
-        s = self._seq(seq_id); self._seal(s); self._release(s)
-
-    def cancel(self, seq_id:Hashable):
-        "Release a cancelled request without sealing: its unsealed pages may be half written, so they are freed, not retained."
-        self._release(self._seq(seq_id))
-
-    def _evict_one(self):
-        p, _ = self._retained.popitem(last=False)
-        del self._index[self._key[p]]
-        self._key[p] = None
-        self._free.append(p)
-        self.evictions_total += 1
-
-    def evict(self, n_pages:int|None=None) -> int:
-        "Evict up to `n_pages` retained pages, least recently used first (all when None); returns how many."
-        n = len(self._retained) if n_pages is None else min(_count(n_pages, "n_pages"), len(self._retained))
-        for _ in range(n): self._evict_one()
-        return n
-
-    def check_writable(self, seq_id:Hashable, start:int, n:int):
-        "Raise unless positions [start, start+n) of `seq_id` were handed out by `append` and lie on pages only this sequence writes."
-        s = self._seq(seq_id); _count(start, "start"); _count(n, "n")
-        lo = s.sealed * self.page_tokens
-        if start < lo:
-            why = "shared prefix pages" if start < s.n_shared * self.page_tokens else "sealed pages"
-            raise ValueError(f"write to sequence {seq_id!r} at position {start}: positions below {lo} are {why} and must not be written")
-        if start + n > s.length:
-            raise ValueError(f"write to sequence {seq_id!r} at positions {start}..{start + n - 1}: only {s.length} positions appended")
-        for i in range(start // self.page_tokens, -(-(start + n) // self.page_tokens)):
+@patch
+def _seal(self:PageAllocator, s:_Seq):
+    "Seal the sequence's full pages: immutable from now on, and entered into the prefix index when their ids are known."
+    pt, full = self.page_tokens, s.length // self.page_tokens
+    while s.sealed < full:
+        i = s.sealed
+        if len(s.hashes) == i and len(s.tokens) >= (i + 1) * pt:  # ids known and the chain unbroken
+            k = self._page_key(s.hashes[-1] if i else self._root, s.tokens[i * pt:(i + 1) * pt])
+            s.hashes.append(k)
             p = s.pages[i]
-            if self._ref[p] != 1 or self._writer[p] != s.uid:
-                raise RuntimeError(f"page {p} of sequence {seq_id!r} is shared (refcount {self._ref[p]}): refusing to write it")
+            if k not in self._index: self._index[k] = p; self._key[p] = k   # else: same content already cached; this copy stays private
+        s.sealed += 1
 
-    def slots(self, seq_id:Hashable, start:int, n:int) -> list[int]:
-        "Flat slot (page * page_tokens + offset) of each position in [start, start+n) of a sequence."
-        s, pt = self._seq(seq_id), self.page_tokens
-        if _count(start, "start") + _count(n, "n") > s.length:
-            raise ValueError(f"positions {start}..{start + n - 1} lie outside sequence {seq_id!r} of length {s.length}")
-        return [s.pages[i // pt] * pt + i % pt for i in range(start, start + n)]
+@patch
+def append(self:PageAllocator,
+           seq_id:Hashable,           # an admitted sequence
+           n_tokens:int|None=None,    # tokens to add (default: len(token_ids))
+           token_ids=None,            # their ids, if known; needed to share pages of generated tokens
+          ) -> int:
+    "Grow the sequence by `n_tokens` inside its reservation; returns the first new position (the caller writes [start, start+n))."
+    s = self._seq(seq_id)
+    ids = None if token_ids is None else _ids(token_ids)
+    if n_tokens is None:
+        if ids is None: raise ValueError("append: give n_tokens or token_ids")
+        n_tokens = len(ids)
+    n = _count(n_tokens, "n_tokens")
+    if ids is not None and len(ids) != n: raise ValueError(f"append: n_tokens={n} but {len(ids)} token_ids")
+    start = s.length
+    if start + n > s.bound:
+        raise ValueError(f"append of {n} tokens to sequence {seq_id!r} at length {start} exceeds its reservation of "
+                         f"{s.bound} tokens (prompt + max_new_tokens)")
+    if ids is not None:
+        known = s.tokens[start:start + n]
+        if ids[:len(known)] != known:
+            raise ValueError(f"append: token_ids disagree with the prompt of sequence {seq_id!r} at positions {start}..{start + len(known) - 1}")
+    # every check passed: from here on nothing raises
+    self._seal(s)  # the caller has written what the previous append handed out
+    if ids is not None and len(s.tokens) >= start: s.tokens.extend(ids[len(s.tokens) - start:])
+    for _ in range(-(-(start + n) // self.page_tokens) - len(s.pages)):
+        p = self._take_page()
+        self._ref[p], self._writer[p] = 1, s.uid
+        s.pages.append(p); s.reserved -= 1; self._reserved -= 1
+    s.length = start + n
+    return start
 
-    def check_integrity(self) -> bool:
-        "Raise AssertionError naming the first broken invariant; True when all hold."
-        def need(cond, msg):
-            if not cond: raise AssertionError(f"pool integrity: {msg}")
-        N, pt = self.num_pages, self.page_tokens
-        free, retained = set(self._free), set(self._retained)
-        need(len(free) == len(self._free), "a page is twice on the free list")
-        need(all(0 <= p < N for p in free | retained), "a page id out of range")
-        need(not free & retained, f"pages both free and retained: {sorted(free & retained)[:5]}")
-        used = {p for p in range(N) if self._ref[p] > 0}
-        need(not used & (free | retained), f"pages both held and free/retained: {sorted(used & (free | retained))[:5]}")
-        need(len(free) + len(used) + len(retained) == N, f"free {len(free)} + used {len(used)} + retained {len(retained)} != total {N}")
-        refs, holders = [0] * N, {}
-        for sid, s in self._seqs.items():
-            need(len(set(s.pages)) == len(s.pages), f"sequence {sid!r} holds a page twice")
-            need(len(s.pages) == -(-s.length // pt), f"sequence {sid!r}: {len(s.pages)} pages for {s.length} tokens")
-            need(s.reserved >= 0 and len(s.pages) + s.reserved == -(-s.bound // pt), f"sequence {sid!r}: pages + reservation != bound pages")
-            need(s.length <= s.bound, f"sequence {sid!r} is longer than its bound")
-            need(s.n_shared <= s.sealed <= s.length // pt, f"sequence {sid!r}: sealed frontier out of range")
-            need(len(s.hashes) <= s.sealed, f"sequence {sid!r}: more keys than sealed pages")
-            for i, p in enumerate(s.pages):
-                refs[p] += 1; holders.setdefault(p, []).append((s, i))
-                if i >= s.sealed: need(self._writer[p] == s.uid, f"unsealed page {p} of {sid!r} belongs to another writer")
-                if i < len(s.hashes) and self._key[p] is not None:
-                    need(self._key[p] == s.hashes[i], f"page {p} at index {i} of {sid!r} has another prefix key")
-        need(refs == self._ref, "refcounts do not match the page tables")
-        for p, hs in holders.items():
-            if len(hs) > 1:
-                need(all(i < s.sealed for s, i in hs), f"page {p} is shared but not sealed in every holder")
-                need(len({i for _, i in hs}) == 1, f"page {p} sits at different positions in its holders")
-        for k, p in self._index.items(): need(self._key[p] == k, f"index entry of page {p} disagrees with the page")
-        need(sum(k is not None for k in self._key) == len(self._index), "indexed pages and index entries disagree")
-        need(all(self._key[p] is not None for p in retained), "a retained page is not in the prefix index")
-        need(all(self._key[p] is None and self._writer[p] is None for p in free), "a free page is still indexed or owned")
-        need(self._reserved == sum(s.reserved for s in self._seqs.values()), "reservation total disagrees with the sequences")
-        need(len(free) + len(retained) >= self._reserved, f"reservations ({self._reserved}) exceed free + retained pages")
-        return True
+# %% ../nbs/20_pool.ipynb #7ef0b0f3
+@patch
+def _release(self:PageAllocator, s:_Seq):
+    for p in reversed(s.pages):  # the first page enters the LRU last: evicted last
+        self._ref[p] -= 1
+        if self._ref[p] == 0:
+            self._writer[p] = None
+            if self._key[p] is not None: self._retained[p] = None
+            else: self._free.append(p)
+    self._reserved -= s.reserved
+    del self._seqs[s.seq_id]
 
-    def snapshot(self) -> tuple:
-        "A comparable copy of the whole bookkeeping state (to check that a refused call changed nothing)."
-        seqs = tuple((sid, s.uid, tuple(s.pages), tuple(s.hashes), tuple(s.tokens), s.length, s.bound, s.reserved, s.sealed, s.n_shared)
-                     for sid, s in self._seqs.items())
-        return (tuple(self._free), tuple(self._ref), tuple(self._writer), tuple(self._key), tuple(self._index.items()),
-                tuple(self._retained), seqs, self._reserved, self._uid, self.reused_tokens_total, self.evictions_total, self.admissions_total)
+@patch
+def finish(self:PageAllocator, seq_id:Hashable):
+    "Release a finished request: its full pages are sealed and retained for prefix reuse; the rest, and its unused reservation, are freed."
+    s = self._seq(seq_id); self._seal(s); self._release(s)
+
+@patch
+def cancel(self:PageAllocator, seq_id:Hashable):
+    "Release a cancelled request without sealing: its unsealed pages may be half written, so they are freed, not retained."
+    self._release(self._seq(seq_id))
+
+@patch
+def _evict_one(self:PageAllocator):
+    p, _ = self._retained.popitem(last=False)
+    del self._index[self._key[p]]
+    self._key[p] = None
+    self._free.append(p)
+    self.evictions_total += 1
+
+@patch
+def evict(self:PageAllocator, n_pages:int|None=None) -> int:
+    "Evict up to `n_pages` retained pages, least recently used first (all when None); returns how many."
+    n = len(self._retained) if n_pages is None else min(_count(n_pages, "n_pages"), len(self._retained))
+    for _ in range(n): self._evict_one()
+    return n
+
+# %% ../nbs/20_pool.ipynb #b8d1c014
+@patch
+def check_writable(self:PageAllocator, seq_id:Hashable, start:int, n:int):
+    "Raise unless positions [start, start+n) of `seq_id` were handed out by `append` and lie on pages only this sequence writes."
+    s = self._seq(seq_id); _count(start, "start"); _count(n, "n")
+    lo = s.sealed * self.page_tokens
+    if start < lo:
+        why = "shared prefix pages" if start < s.n_shared * self.page_tokens else "sealed pages"
+        raise ValueError(f"write to sequence {seq_id!r} at position {start}: positions below {lo} are {why} and must not be written")
+    if start + n > s.length:
+        raise ValueError(f"write to sequence {seq_id!r} at positions {start}..{start + n - 1}: only {s.length} positions appended")
+    for i in range(start // self.page_tokens, -(-(start + n) // self.page_tokens)):
+        p = s.pages[i]
+        if self._ref[p] != 1 or self._writer[p] != s.uid:
+            raise RuntimeError(f"page {p} of sequence {seq_id!r} is shared (refcount {self._ref[p]}): refusing to write it")
+
+@patch
+def slots(self:PageAllocator, seq_id:Hashable, start:int, n:int) -> list[int]:
+    "Flat slot (page * page_tokens + offset) of each position in [start, start+n) of a sequence."
+    s, pt = self._seq(seq_id), self.page_tokens
+    if _count(start, "start") + _count(n, "n") > s.length:
+        raise ValueError(f"positions {start}..{start + n - 1} lie outside sequence {seq_id!r} of length {s.length}")
+    return [s.pages[i // pt] * pt + i % pt for i in range(start, start + n)]
+
+@patch
+def check_integrity(self:PageAllocator) -> bool:
+    "Raise AssertionError naming the first broken invariant; True when all hold."
+    def need(cond, msg):
+        if not cond: raise AssertionError(f"pool integrity: {msg}")
+    N, pt = self.num_pages, self.page_tokens
+    free, retained = set(self._free), set(self._retained)
+    need(len(free) == len(self._free), "a page is twice on the free list")
+    need(all(0 <= p < N for p in free | retained), "a page id out of range")
+    need(not free & retained, f"pages both free and retained: {sorted(free & retained)[:5]}")
+    used = {p for p in range(N) if self._ref[p] > 0}
+    need(not used & (free | retained), f"pages both held and free/retained: {sorted(used & (free | retained))[:5]}")
+    need(len(free) + len(used) + len(retained) == N, f"free {len(free)} + used {len(used)} + retained {len(retained)} != total {N}")
+    refs, holders = [0] * N, {}
+    for sid, s in self._seqs.items():
+        need(len(set(s.pages)) == len(s.pages), f"sequence {sid!r} holds a page twice")
+        need(len(s.pages) == -(-s.length // pt), f"sequence {sid!r}: {len(s.pages)} pages for {s.length} tokens")
+        need(s.reserved >= 0 and len(s.pages) + s.reserved == -(-s.bound // pt), f"sequence {sid!r}: pages + reservation != bound pages")
+        need(s.length <= s.bound, f"sequence {sid!r} is longer than its bound")
+        need(s.n_shared <= s.sealed <= s.length // pt, f"sequence {sid!r}: sealed frontier out of range")
+        need(len(s.hashes) <= s.sealed, f"sequence {sid!r}: more keys than sealed pages")
+        for i, p in enumerate(s.pages):
+            refs[p] += 1; holders.setdefault(p, []).append((s, i))
+            if i >= s.sealed: need(self._writer[p] == s.uid, f"unsealed page {p} of {sid!r} belongs to another writer")
+            if i < len(s.hashes) and self._key[p] is not None:
+                need(self._key[p] == s.hashes[i], f"page {p} at index {i} of {sid!r} has another prefix key")
+    need(refs == self._ref, "refcounts do not match the page tables")
+    for p, hs in holders.items():
+        if len(hs) > 1:
+            need(all(i < s.sealed for s, i in hs), f"page {p} is shared but not sealed in every holder")
+            need(len({i for _, i in hs}) == 1, f"page {p} sits at different positions in its holders")
+    for k, p in self._index.items(): need(self._key[p] == k, f"index entry of page {p} disagrees with the page")
+    need(sum(k is not None for k in self._key) == len(self._index), "indexed pages and index entries disagree")
+    need(all(self._key[p] is not None for p in retained), "a retained page is not in the prefix index")
+    need(all(self._key[p] is None and self._writer[p] is None for p in free), "a free page is still indexed or owned")
+    need(self._reserved == sum(s.reserved for s in self._seqs.values()), "reservation total disagrees with the sequences")
+    need(len(free) + len(retained) >= self._reserved, f"reservations ({self._reserved}) exceed free + retained pages")
+    return True
+
+@patch
+def snapshot(self:PageAllocator) -> tuple:
+    "A comparable copy of the whole bookkeeping state (to check that a refused call changed nothing)."
+    seqs = tuple((sid, s.uid, tuple(s.pages), tuple(s.hashes), tuple(s.tokens), s.length, s.bound, s.reserved, s.sealed, s.n_shared)
+                 for sid, s in self._seqs.items())
+    return (tuple(self._free), tuple(self._ref), tuple(self._writer), tuple(self._key), tuple(self._index.items()),
+            tuple(self._retained), seqs, self._reserved, self._uid, self.reused_tokens_total, self.evictions_total, self.admissions_total)
 
 # %% ../nbs/20_pool.ipynb #22ce8062
 @patch
@@ -447,44 +465,6 @@ class KVPool:
         return layer
 
     # bookkeeping: every decision is the allocator's
-    def admit(self, seq_id:Hashable, prompt_ids, max_new_tokens:int) -> Admission:
-        "Reserve prompt + max_new_tokens, sharing the longest cached prefix; `PoolFull` to wait, ValueError if it can never fit."
-        return self.alloc.admit(seq_id, prompt_ids, max_new_tokens)
-    def try_admit(self, seq_id:Hashable, prompt_ids, max_new_tokens:int) -> Admission|None:
-        "`admit`, or None when the request must wait."
-        return self.alloc.try_admit(seq_id, prompt_ids, max_new_tokens)
-    def append(self, seq_id:Hashable, n_tokens:int|None=None, token_ids=None) -> int:
-        "Grow a sequence inside its reservation; returns the first position the caller now writes."
-        return self.alloc.append(seq_id, n_tokens, token_ids)
-    def rollback(self, seq_id:Hashable, length:int):
-        "Shrink a sequence back to `length` tokens after a failed step (`PageAllocator.rollback`)."
-        self.alloc.rollback(seq_id, length)
-    def finish(self, seq_id:Hashable):
-        "Release a finished request (its full pages stay cached for prefix reuse)."
-        self.alloc.finish(seq_id)
-    def cancel(self, seq_id:Hashable):
-        "Release a cancelled request (its unsealed pages are freed, not cached)."
-        self.alloc.cancel(seq_id)
-    def evict(self, n_pages:int|None=None) -> int:
-        "Evict retained pages, least recently used first; returns how many."
-        return self.alloc.evict(n_pages)
-    def lookup(self, prompt_ids) -> int:
-        "Prompt tokens a request would reuse now."
-        return self.alloc.lookup(prompt_ids)
-    def length(self, seq_id:Hashable) -> int: return self.alloc.length(seq_id)
-    def snapshot(self) -> tuple: return self.alloc.snapshot()
-
-    def check_integrity(self) -> bool:
-        "The allocator's invariants, plus the storage's shape."
-        g, a = self.geometry, self.alloc
-        n = {f: sum(x == f for pair in self.formats for x in pair) for f in self.storage}
-        for f, t in self.storage.items():
-            want = (n[f], a.num_pages, a.page_tokens, g.kv_heads, row_bytes(f, g.head_dim))
-            if tuple(t.shape) != want or t.dtype != torch.uint8:
-                raise AssertionError(f"pool integrity: {f} storage is {t.dtype} {tuple(t.shape)}, expected uint8 {want}")
-        if sorted(self._slab) != sorted((l, k) for l in range(g.attn_layers) for k in (0, 1)): raise AssertionError("pool integrity: a layer's K or V has no storage")
-        return a.check_integrity()
-
     def __repr__(self):
         a = self.alloc
         kf = (f", key_formats={key_formats_str(self.plan.key_formats)}" if self.key_formats else "") + \
@@ -492,73 +472,142 @@ class KVPool:
         return (f"KVPool({self.geometry.name}, {self.kv_format}{kf}, pages={a.num_pages} x {self.page_bytes:,} B, used={a.used_pages}, "
                 f"retained={a.retained_pages}, reserved={a.reserved_pages}, sequences={len(a)}, device={self.device})")
 
-    def write_slots(self, seq_id:Hashable, start_pos:int, n:int) -> Tensor:
-        "Checked slot mapping (int64 [n] on the pool's device) for writing positions [start_pos, start_pos+n) of `seq_id`."
-        self.alloc.check_writable(seq_id, start_pos, n)
-        return torch.tensor(self.alloc.slots(seq_id, start_pos, n), dtype=torch.int64, device=self.device)
+# %% ../nbs/20_pool.ipynb #d64f15c7
+@patch
+def admit(self:KVPool, seq_id:Hashable, prompt_ids, max_new_tokens:int) -> Admission:
+    "Reserve prompt + max_new_tokens, sharing the longest cached prefix; `PoolFull` to wait, ValueError if it can never fit."
+    return self.alloc.admit(seq_id, prompt_ids, max_new_tokens)
 
-    def write(self,
-              seq_id:Hashable,   # an admitted sequence
-              layer:int,         # attention layer (0-based among the pool's layers)
-              start_pos:int,     # position of the first row
-              k_rows:Tensor,     # uint8 [n, kv_heads, row_bytes of the layer's key format]: coded keys
-              v_rows:Tensor):    # uint8 [n, kv_heads, row_bytes]: coded values
-        "Write coded K/V rows of positions [start_pos, start_pos+n); raises (writing nothing) on a shared or sealed page."
-        layer, H = self._layer(layer), self.geometry.kv_heads
-        kp, vp = self.k(layer), self.v(layer)
-        for name, t, pages in (("k_rows", k_rows, kp), ("v_rows", v_rows, vp)):
-            want = (H, pages.shape[-1])
-            if not isinstance(t, Tensor) or t.dtype != torch.uint8 or t.ndim != 3 or tuple(t.shape[1:]) != want:
-                raise ValueError(f"{name} must be uint8 [n, {want[0]}, {want[1]}], got {getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
-            if t.device != self.device: raise ValueError(f"{name} is on {t.device}, the pool on {self.device}")
-        n = k_rows.shape[0]
-        if v_rows.shape[0] != n: raise ValueError(f"k_rows has {n} rows, v_rows {v_rows.shape[0]}")
-        idx = self.write_slots(seq_id, start_pos, n)
-        kp.view(-1, H, kp.shape[-1]).index_copy_(0, idx, k_rows); vp.view(-1, H, vp.shape[-1]).index_copy_(0, idx, v_rows)
+@patch
+def try_admit(self:KVPool, seq_id:Hashable, prompt_ids, max_new_tokens:int) -> Admission|None:
+    "`admit`, or None when the request must wait."
+    return self.alloc.try_admit(seq_id, prompt_ids, max_new_tokens)
 
-    def write_kv(self, seq_id:Hashable, layer:int, start_pos:int,
-                 k:Tensor,   # float [n, kv_heads, head_dim]: keys, original domain
-                 v:Tensor):  # float [n, kv_heads, head_dim]: values
-        "Code K/V with the layer's codecs and `write` them."
-        self.alloc.check_writable(seq_id, start_pos, k.shape[0] if isinstance(k, Tensor) and k.ndim else 0)
-        self.write(seq_id, layer, start_pos, self.k_codec(layer).encode(k), self.v_codec(layer).encode(v))
+@patch
+def append(self:KVPool, seq_id:Hashable, n_tokens:int|None=None, token_ids=None) -> int:
+    "Grow a sequence inside its reservation; returns the first position the caller now writes."
+    return self.alloc.append(seq_id, n_tokens, token_ids)
 
-    def read(self, seq_id:Hashable, layer:int, start_pos:int=0, n:int|None=None) -> tuple[Tensor, Tensor]:
-        "Coded K and V rows (uint8 [n, kv_heads, row_bytes] each, in the layer's K and V formats) of positions [start_pos, start_pos+n) (default: to the end)."
-        layer, H = self._layer(layer), self.geometry.kv_heads
-        if n is None: n = self.alloc.length(seq_id) - start_pos
-        idx = torch.tensor(self.alloc.slots(seq_id, start_pos, n), dtype=torch.int64, device=self.device)
-        kp, vp = self.k(layer), self.v(layer)
-        return kp.view(-1, H, kp.shape[-1])[idx], vp.view(-1, H, vp.shape[-1])[idx]
+@patch
+def rollback(self:KVPool, seq_id:Hashable, length:int):
+    "Shrink a sequence back to `length` tokens after a failed step (`PageAllocator.rollback`)."
+    self.alloc.rollback(seq_id, length)
 
-    def page_table(self, seq_ids, device=None) -> PageTable:
-        "FlashInfer-style page table (indptr, indices, last_page_len, seq_lens) of the sequences `seq_ids`, in that order."
-        pt, indptr, indices, last, lens = self.page_tokens, [0], [], [], []
-        for sid in seq_ids:
-            s = self.alloc._seq(sid)
-            indices += s.pages; indptr.append(len(indices)); lens.append(s.length)
-            last.append(s.length - (len(s.pages) - 1) * pt if s.pages else 0)
-        i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=self.device if device is None else device)
-        return PageTable(i32(indptr), i32(indices), i32(last), i32(lens), pt)
+@patch
+def finish(self:KVPool, seq_id:Hashable):
+    "Release a finished request (its full pages stay cached for prefix reuse)."
+    self.alloc.finish(seq_id)
 
-    def metrics(self) -> dict[str, int]:
-        "The pool's gauges and counters by their Prometheus names."
-        return {name: f(self) for name, _, _, f in _METRICS}
+@patch
+def cancel(self:KVPool, seq_id:Hashable):
+    "Release a cancelled request (its unsealed pages are freed, not cached)."
+    self.alloc.cancel(seq_id)
 
-    @property
-    def registry(self):
-        "A `prometheus_client.CollectorRegistry` of this pool's own (mount it on the server's /metrics)."
-        if self._registry is None:
-            from prometheus_client import CollectorRegistry
-            self._registry = CollectorRegistry(auto_describe=False)
-            self._registry.register(_PoolCollector(self))
-        return self._registry
+@patch
+def evict(self:KVPool, n_pages:int|None=None) -> int:
+    "Evict retained pages, least recently used first; returns how many."
+    return self.alloc.evict(n_pages)
 
-    def prometheus_text(self) -> str:
-        "The metrics in Prometheus' text exposition format."
-        from prometheus_client import generate_latest
-        return generate_latest(self.registry).decode()
+@patch
+def lookup(self:KVPool, prompt_ids) -> int:
+    "Prompt tokens a request would reuse now."
+    return self.alloc.lookup(prompt_ids)
 
-    def plan_line(self) -> str:
-        "The `hqkv.runtime.vram_plan` line the engine logs at load."
-        return self.plan.line()
+@patch
+def length(self:KVPool, seq_id:Hashable) -> int: return self.alloc.length(seq_id)
+
+@patch
+def snapshot(self:KVPool) -> tuple: return self.alloc.snapshot()
+
+@patch
+def check_integrity(self:KVPool) -> bool:
+    "The allocator's invariants, plus the storage's shape."
+    g, a = self.geometry, self.alloc
+    n = {f: sum(x == f for pair in self.formats for x in pair) for f in self.storage}
+    for f, t in self.storage.items():
+        want = (n[f], a.num_pages, a.page_tokens, g.kv_heads, row_bytes(f, g.head_dim))
+        if tuple(t.shape) != want or t.dtype != torch.uint8:
+            raise AssertionError(f"pool integrity: {f} storage is {t.dtype} {tuple(t.shape)}, expected uint8 {want}")
+    if sorted(self._slab) != sorted((l, k) for l in range(g.attn_layers) for k in (0, 1)): raise AssertionError("pool integrity: a layer's K or V has no storage")
+    return a.check_integrity()
+
+# %% ../nbs/20_pool.ipynb #c3b67bab
+@patch
+def write_slots(self:KVPool, seq_id:Hashable, start_pos:int, n:int) -> Tensor:
+    "Checked slot mapping (int64 [n] on the pool's device) for writing positions [start_pos, start_pos+n) of `seq_id`."
+    self.alloc.check_writable(seq_id, start_pos, n)
+    return torch.tensor(self.alloc.slots(seq_id, start_pos, n), dtype=torch.int64, device=self.device)
+
+@patch
+def write(self:KVPool,
+          seq_id:Hashable,   # an admitted sequence
+          layer:int,         # attention layer (0-based among the pool's layers)
+          start_pos:int,     # position of the first row
+          k_rows:Tensor,     # uint8 [n, kv_heads, row_bytes of the layer's key format]: coded keys
+          v_rows:Tensor):    # uint8 [n, kv_heads, row_bytes]: coded values
+    "Write coded K/V rows of positions [start_pos, start_pos+n); raises (writing nothing) on a shared or sealed page."
+    layer, H = self._layer(layer), self.geometry.kv_heads
+    kp, vp = self.k(layer), self.v(layer)
+    for name, t, pages in (("k_rows", k_rows, kp), ("v_rows", v_rows, vp)):
+        want = (H, pages.shape[-1])
+        if not isinstance(t, Tensor) or t.dtype != torch.uint8 or t.ndim != 3 or tuple(t.shape[1:]) != want:
+            raise ValueError(f"{name} must be uint8 [n, {want[0]}, {want[1]}], got {getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
+        if t.device != self.device: raise ValueError(f"{name} is on {t.device}, the pool on {self.device}")
+    n = k_rows.shape[0]
+    if v_rows.shape[0] != n: raise ValueError(f"k_rows has {n} rows, v_rows {v_rows.shape[0]}")
+    idx = self.write_slots(seq_id, start_pos, n)
+    kp.view(-1, H, kp.shape[-1]).index_copy_(0, idx, k_rows); vp.view(-1, H, vp.shape[-1]).index_copy_(0, idx, v_rows)
+
+@patch
+def write_kv(self:KVPool, seq_id:Hashable, layer:int, start_pos:int,
+             k:Tensor,   # float [n, kv_heads, head_dim]: keys, original domain
+             v:Tensor):  # float [n, kv_heads, head_dim]: values
+    "Code K/V with the layer's codecs and `write` them."
+    self.alloc.check_writable(seq_id, start_pos, k.shape[0] if isinstance(k, Tensor) and k.ndim else 0)
+    self.write(seq_id, layer, start_pos, self.k_codec(layer).encode(k), self.v_codec(layer).encode(v))
+
+@patch
+def read(self:KVPool, seq_id:Hashable, layer:int, start_pos:int=0, n:int|None=None) -> tuple[Tensor, Tensor]:
+    "Coded K and V rows (uint8 [n, kv_heads, row_bytes] each, in the layer's K and V formats) of positions [start_pos, start_pos+n) (default: to the end)."
+    layer, H = self._layer(layer), self.geometry.kv_heads
+    if n is None: n = self.alloc.length(seq_id) - start_pos
+    idx = torch.tensor(self.alloc.slots(seq_id, start_pos, n), dtype=torch.int64, device=self.device)
+    kp, vp = self.k(layer), self.v(layer)
+    return kp.view(-1, H, kp.shape[-1])[idx], vp.view(-1, H, vp.shape[-1])[idx]
+
+# %% ../nbs/20_pool.ipynb #05775828
+@patch
+def page_table(self:KVPool, seq_ids, device=None) -> PageTable:
+    "FlashInfer-style page table (indptr, indices, last_page_len, seq_lens) of the sequences `seq_ids`, in that order."
+    pt, indptr, indices, last, lens = self.page_tokens, [0], [], [], []
+    for sid in seq_ids:
+        s = self.alloc._seq(sid)
+        indices += s.pages; indptr.append(len(indices)); lens.append(s.length)
+        last.append(s.length - (len(s.pages) - 1) * pt if s.pages else 0)
+    i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=self.device if device is None else device)
+    return PageTable(i32(indptr), i32(indices), i32(last), i32(lens), pt)
+
+@patch
+def metrics(self:KVPool) -> dict[str, int]:
+    "The pool's gauges and counters by their Prometheus names."
+    return {name: f(self) for name, _, _, f in _METRICS}
+
+@patch(as_prop=True)
+def registry(self:KVPool):
+    "A `prometheus_client.CollectorRegistry` of this pool's own (mount it on the server's /metrics)."
+    if self._registry is None:
+        from prometheus_client import CollectorRegistry
+        self._registry = CollectorRegistry(auto_describe=False)
+        self._registry.register(_PoolCollector(self))
+    return self._registry
+
+@patch
+def prometheus_text(self:KVPool) -> str:
+    "The metrics in Prometheus' text exposition format."
+    from prometheus_client import generate_latest
+    return generate_latest(self.registry).decode()
+
+@patch
+def plan_line(self:KVPool) -> str:
+    "The `hqkv.runtime.vram_plan` line the engine logs at load."
+    return self.plan.line()
