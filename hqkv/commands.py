@@ -150,8 +150,6 @@ def _eval_run(args)->int:
     name = None if args.text_file else (args.text or "kjv")
     text = eval_text(name, args.text_file)                            # fails before the model loads
     contexts = args.context or ([4096] if args.task == "kld" else [2048])
-    if (cfg.key_formats or cfg.value_formats) and cfg.model != GEOMETRY:
-        raise ValueError(f"--key-formats and --value-formats name layers of the bundled {GEOMETRY} (the pool's per-layer formats); other models take one format for every layer for now")
     if cfg.model == GEOMETRY:
         from hqkv.models.gemma3 import load_gemma3
         model, geometry = load_gemma3(), GEOMETRY

@@ -14,7 +14,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DYNAMIC_LAYER_TYPE_
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from .codec import Codec, get_codec, asked_codec_opts
-from .sizing import parse_key_formats
+from .sizing import CacheLayout
 from .attention import ExactWindow, paged_prefill
 from .models.load import head_dim_of
 
@@ -325,8 +325,8 @@ class HQKVCache(Cache):
         key_profile = cache_key_profile(key_profile, model, kv_format)
         plan = None if bit_plan == "off" or key_profile is None or key_formats or value_formats else key_profile.plan_for(kv_format)
         if plan is not None: key_formats, value_formats = dict(plan.key_formats), dict(plan.value_formats)
-        kf = dict(parse_key_formats(key_formats, full, D, kv_format, "this model"))   # a layer that is not full attention: ValueError
-        vf = dict(parse_key_formats(value_formats, full, D, kv_format, "this model", what="value"))
+        layout = CacheLayout.of(full, D, kv_format, key_formats, value_formats, "this model")   # a layer that is not full attention: ValueError
+        kf, vf = dict(layout.key_formats), dict(layout.value_formats)
         k_codecs = {l: get_codec(f, head_dim=D, **asked_codec_opts(f)) for l, f in kf.items()}
         v_codecs = {l: get_codec(f, head_dim=D, **asked_codec_opts(f)) for l, f in vf.items()}
         for l in v_codecs: k_codecs.setdefault(l, codec)    # a layer's value codec given alone: its keys stay in kv_format
@@ -337,7 +337,7 @@ class HQKVCache(Cache):
                   else DYNAMIC_LAYER_TYPE_MAPPING[t](**kw) for i, (t, kw) in enumerate(zip(types, layer_kwargs))]
         super().__init__(layers=layers)
         self.codec, self.config, self.window_sinks, self.window_recent = codec, cfg, window_sinks, window_recent
-        self.key_profile, self._hqkv_idx, self.key_formats, self.value_formats, self.bit_plan = key_profile, full, kf, vf, plan
+        self.key_profile, self._hqkv_idx, self.layout, self.key_formats, self.value_formats, self.bit_plan = key_profile, full, layout, kf, vf, plan
 
     def update(self, key_states:Tensor, value_states:Tensor, layer_idx:int, *args, **kwargs)->tuple[Tensor, Tensor]:
         "Check that no coded layer is left inconsistent, then let layer `layer_idx` update."

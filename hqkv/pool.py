@@ -15,7 +15,7 @@ from typing import Hashable
 import torch
 from torch import Tensor
 from .codec import codec_class, get_codec, list_codecs, Codec
-from .sizing import Geometry, Plan, get_geometry, plan, row_bytes, key_formats_str
+from .sizing import CacheLayout, Geometry, Plan, get_geometry, plan, row_bytes, key_formats_str
 
 # %% auto #0
 __all__ = ['POOL_LAYOUT_VERSION', 'PoolFull', 'Admission', 'PageAllocator', 'PageTable', 'KVPool']
@@ -408,7 +408,8 @@ class KVPool:
         self.kv_format, self.page_tokens, self.row_bytes = kv_format, page_tokens, row_bytes(kv_format, g.head_dim)
         self.key_formats: dict = dict(self.plan.key_formats)   # {model layer id: format} of the keys not in kv_format
         self.value_formats: dict = dict(self.plan.value_formats)   # ... and of the values
-        self.formats: tuple = tuple((self.key_formats.get(l, kv_format), self.value_formats.get(l, kv_format)) for l in g.attn_ids)   # per pool layer: (K format, V format)
+        self.layout: CacheLayout = self.plan.layout             # every attention layer's key and value format
+        self.formats: tuple = tuple(zip(self.layout.k_formats, self.layout.v_formats))   # per pool layer: (K format, V format)
         self.alloc = PageAllocator(self.plan.pages, page_tokens, _pool_salt(g, kv_format, page_tokens, self.plan.key_formats, self.plan.value_formats))
         slabs = {}                                             # format -> [(layer, 0 K / 1 V), ...]: one uint8 tensor per format
         for li, pair in enumerate(self.formats):

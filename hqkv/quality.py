@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 from .codec import list_codecs, codec_class, asked_codec_opts
-from .sizing import get_geometry, bytes_per_token, key_format_items
+from .sizing import CacheLayout, get_geometry, bytes_per_token, key_format_items
 from .fixtures import kjv_from_bible
 
 # %% auto #0
@@ -135,6 +135,9 @@ class KVVariant:
             elif mk: (keys if mk.group(1) == "k" else vals).append((int(mk.group(2)), mk.group(3)))
             else: raise ValueError(f"bad option {o!r} in variant {spec!r}: use {form}")
         return cls(fmt, **kw, key_formats=tuple(keys), value_formats=tuple(vals))
+    def layout(self, layers:tuple, head_dim:int, owner:str="the model")->CacheLayout:
+        "The variant's `CacheLayout` on a model's full-attention layers (its per-layer formats checked against them)."
+        return CacheLayout.of(layers, head_dim, self.kv_format, self.key_formats, self.value_formats, owner)
     def __str__(self): return self.name
 
 # %% ../nbs/50_quality.ipynb #605a0553
@@ -531,4 +534,6 @@ def eval_variants(formats:str, # comma-separated format names
         p = resolve_key_profile(key_profile, f, ident)
         if p is not None: prof = p
         vs.append(KVVariant(f, window=bool(sinks or recent), key_profile=p is not None, sinks=sinks, recent=recent, key_formats=key_formats or (), value_formats=value_formats or ()))
+    D = model.geometry.head_dim if isinstance(model, HFModel) else get_geometry(GEOMETRY).head_dim
+    for v in vs: v.layout(model.cfg.global_layers, D, model_identity_of(model).short())   # a layer the model does not have: ValueError before any forward
     return _variants(vs), prof

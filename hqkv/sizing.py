@@ -13,9 +13,8 @@ from .codec import codec_class, list_codecs
 
 # %% auto #0
 __all__ = ['WINDOW_BYTES_PER_VALUE', 'GEOMETRIES', 'BUDGET_FORMS', 'fmt_bytes', 'Geometry', 'gdn_state_bytes', 'get_geometry',
-           'Rate', 'format_name', 'row_bytes', 'kv_formats', 'key_format_items', 'parse_key_formats', 'key_formats_of',
-           'value_formats_of', 'key_formats_str', 'bytes_per_token', 'Budget', 'parse_budget', 'Plan', 'lane_pages',
-           'plan', 'lanes_bytes']
+           'Rate', 'format_name', 'row_bytes', 'kv_formats', 'key_format_items', 'parse_key_formats', 'key_formats_str',
+           'CacheLayout', 'bytes_per_token', 'Budget', 'parse_budget', 'Plan', 'lane_pages', 'plan', 'lanes_bytes']
 
 # %% ../nbs/00_sizing.ipynb #705df110
 def fmt_bytes(n:int,              # a byte count
@@ -210,33 +209,60 @@ def parse_key_formats(spec,             # {layer: format}, 'LAYER=FORMAT,...', p
         out[layer] = fmt
     return tuple(sorted((l, f) for l, f in out.items() if f != kv_format))
 
-def key_formats_of(geometry,           # a `Geometry` or a preset name
-                   spec,               # {layer: format}, 'LAYER=FORMAT,...', pairs, or None/'' for none
-                   kv_format=None,     # the pool's format: entries equal to it are dropped
-                   what:str="key",     # 'key' or 'value' (`value_formats_of`)
-                  ) -> tuple:
-    "Per-layer key formats as sorted (model layer id, format) pairs: the keys of those attention layers are stored in their own format."
-    g = get_geometry(geometry)
-    return parse_key_formats(spec, g.attn_ids, g.head_dim, kv_format, g.name, what)
-
-def value_formats_of(geometry, spec, kv_format=None) -> tuple:
-    "Per-layer value formats, read and checked as `key_formats_of` reads keys'."
-    return key_formats_of(geometry, spec, kv_format, "value")
-
 def key_formats_str(pairs:tuple) -> str:
     "How plan lines and names show per-layer key formats: '5:tbq3,11:tbq3' ('' for none)."
     return ",".join(f"{l}:{f}" for l, f in pairs)
 
+@dataclass(frozen=True)
+class CacheLayout:
+    "Each full-attention layer's key format and value format: the one reading of kv.format, kv.key_formats and kv.value_formats that sizing, the pool (so the runner), `HQKVCache` and the quality variants use."
+    kv_format: object   # the cache's format: a registered name (or, for sizing, a `Rate`)
+    layers: tuple       # model layer ids of the full-attention layers, in order
+    head_dim: int
+    k_formats: tuple    # each layer's key format
+    v_formats: tuple    # each layer's value format
+
+    @classmethod
+    def of(cls, layers, # model layer ids of the full-attention layers
+           head_dim:int, kv_format,
+           key_formats=None, value_formats=None, # {layer: format}, 'LAYER=FORMAT,...', pairs, or None/'' for none
+           owner:str="the model") -> CacheLayout: # how messages name the model
+        "Read and check per-layer overrides against the layers and the head dim (an unknown layer or format, or one without this head dim: ValueError)."
+        row_bytes(kv_format, head_dim)
+        kf = dict(parse_key_formats(key_formats, layers, head_dim, kv_format, owner))
+        vf = dict(parse_key_formats(value_formats, layers, head_dim, kv_format, owner, "value"))
+        return cls(kv_format, tuple(layers), head_dim, tuple(kf.get(l, kv_format) for l in layers), tuple(vf.get(l, kv_format) for l in layers))
+    @classmethod
+    def for_geometry(cls, geometry, kv_format, key_formats=None, value_formats=None) -> CacheLayout:
+        "The layout of a `Geometry` (or preset name)'s attention layers."
+        g = get_geometry(geometry)
+        return cls.of(g.attn_ids, g.head_dim, kv_format, key_formats, value_formats, g.name)
+
+    def _over(self, fs) -> tuple: return tuple((l, f) for l, f in zip(self.layers, fs) if f != self.kv_format)
+    @property
+    def key_formats(self) -> tuple: return self._over(self.k_formats)      # (layer, format) pairs of the keys not in kv_format
+    @property
+    def value_formats(self) -> tuple: return self._over(self.v_formats)    # ... and of the values
+    @property
+    def mixed(self) -> bool: return bool(self.key_formats or self.value_formats)
+    def row_bytes(self) -> tuple:
+        "(key row bytes, value row bytes) of each layer."
+        return tuple((row_bytes(k, self.head_dim), row_bytes(v, self.head_dim)) for k, v in zip(self.k_formats, self.v_formats))
+    def bytes_per_token(self, kv_heads:int) -> int: return kv_heads * sum(a + b for a, b in self.row_bytes())
+    def describe(self) -> str:
+        "The overrides as plan lines show them: ' key_formats=5:tbq3,11:tbq3 value_formats=17:tbq2' ('' with one format)."
+        return ((f" key_formats={key_formats_str(self.key_formats)}" if self.key_formats else "") +
+                (f" value_formats={key_formats_str(self.value_formats)}" if self.value_formats else ""))
+
 def bytes_per_token(geometry:Geometry, # a `Geometry` or a preset name
-                    fmt,               # a registered format name or a `Rate`
-                    key_formats=None,  # per-layer key formats (`key_formats_of`): those layers' keys in their own format
-                    value_formats=None,  # per-layer value formats (`value_formats_of`): those layers' values in their own format
+                    fmt,               # a registered format name, a `Rate`, or a `CacheLayout` of the geometry
+                    key_formats=None,  # per-layer key formats ({layer: format}, 'LAYER=FORMAT,...'): those layers' keys in their own format
+                    value_formats=None,  # per-layer value formats, the same way
                    ) -> int:
     "KV bytes one token adds to the pool: 2 x attention layers x KV heads x row bytes (each layer's keys and values in their own format if given)."
     g = get_geometry(geometry)
-    base, kf, vf = row_bytes(fmt, g.head_dim), dict(key_formats_of(g, key_formats, fmt)), dict(value_formats_of(g, value_formats, fmt))
-    row = lambda over, l: row_bytes(over[l], g.head_dim) if l in over else base
-    return g.kv_heads * sum(row(kf, l) + row(vf, l) for l in g.attn_ids)
+    lay = fmt if isinstance(fmt, CacheLayout) else CacheLayout.for_geometry(g, fmt, key_formats, value_formats)
+    return lay.bytes_per_token(g.kv_heads)
 
 
 # %% ../nbs/00_sizing.ipynb #bbb755ea
@@ -305,16 +331,17 @@ class Plan:
     lane_bytes: int|None = None  # one lane: its pages plus its fixed state
     key_formats: tuple = ()      # (model layer id, format) pairs whose keys are not in kv_format
     value_formats: tuple = ()    # (model layer id, format) pairs whose values are not in kv_format
+    layout: CacheLayout|None = None   # every attention layer's key and value format
 
     def line(self) -> str:
         "The engine's load-time log line for this pool."
         kf = (f" key_formats={key_formats_str(self.key_formats)}" if self.key_formats else "") + \
-             (f" value_formats={key_formats_str(self.value_formats)}" if self.value_formats else "")
+             (f" value_formats={key_formats_str(self.value_formats)}" if self.value_formats else "")   # as `CacheLayout.describe`
         return (f"hqkv.runtime.vram_plan kv_format={self.kv_format}{kf} page_bytes={self.page_bytes} "
                 f"kv_pool_pages={self.pages} kv_pool_tokens={self.tokens} kv_pool_bytes={self.bytes}")
     def as_dict(self) -> dict:
         "Plain JSON-ready fields, plus the vram_plan line."
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "layout"}
         d["budget"] = {"amount": self.budget.amount, "unit": self.budget.unit}
         d["key_formats"] = {str(l): f for l, f in self.key_formats}
         d["value_formats"] = {str(l): f for l, f in self.value_formats}
@@ -332,14 +359,14 @@ def plan(geometry,                # a `Geometry` or a preset name
          page_tokens:int=64,      # tokens per page
          context:int|None=None,   # tokens per lane: also say how many lanes fit
          exact_tokens:int=0,      # tokens per sequence also kept exact (bf16) in every attention layer
-         key_formats=None,        # per-layer key formats (`key_formats_of`), e.g. '5=tbq3,11=tbq3'
-         value_formats=None,      # per-layer value formats (`value_formats_of`), e.g. '5=q8_0'
+         key_formats=None,        # per-layer key formats (`CacheLayout`), e.g. '5=tbq3,11=tbq3'
+         value_formats=None,      # per-layer value formats, e.g. '5=q8_0'
         ) -> Plan:
     "Pages, tokens and bytes `budget` buys in `kv_format`, and how many lanes of `context` tokens fit."
     g, b = get_geometry(geometry), parse_budget(budget)
     _check_int("page_tokens", page_tokens, 1); _check_int("exact_tokens", exact_tokens, 0)
-    kf, vf = key_formats_of(g, key_formats, kv_format), value_formats_of(g, value_formats, kv_format)
-    bpt = bytes_per_token(g, kv_format, kf, vf)
+    lay = CacheLayout.for_geometry(g, kv_format, key_formats, value_formats)
+    kf, vf, bpt = lay.key_formats, lay.value_formats, lay.bytes_per_token(g.kv_heads)
     page_bytes = page_tokens * bpt
     pages = b.amount // page_bytes if b.unit == "bytes" else -(-b.amount // page_tokens)
     budget_bytes = b.amount if b.unit == "bytes" else pages * page_bytes
@@ -350,7 +377,7 @@ def plan(geometry,                # a `Geometry` or a preset name
         lane_bytes = lp * page_bytes + state
         lanes, pool_lanes = budget_bytes // lane_bytes, pages // lp
     return Plan(g.name, format_name(kv_format), b, bpt * 8 / g.values_per_token, bpt, page_tokens, page_bytes,
-                pages, pages * page_tokens, pages * page_bytes, state, context, lanes, pool_lanes, lane_bytes, kf, vf)
+                pages, pages * page_tokens, pages * page_bytes, state, context, lanes, pool_lanes, lane_bytes, kf, vf, lay)
 
 def lanes_bytes(geometry,              # a `Geometry` or a preset name
                 kv_format,             # a registered format name or a `Rate`
@@ -359,8 +386,8 @@ def lanes_bytes(geometry,              # a `Geometry` or a preset name
                 page_tokens:int=64,    # tokens per page
                 with_state:bool=False, # add each lane's fixed state
                 exact_tokens:int=0,    # exact bf16 tokens per sequence (counted with the state)
-                key_formats=None,      # per-layer key formats (`key_formats_of`)
-                value_formats=None,    # per-layer value formats (`value_formats_of`)
+                key_formats=None,      # per-layer key formats (`CacheLayout`)
+                value_formats=None,    # per-layer value formats
                ) -> int:
     "Bytes `lanes` sequences of `context` tokens need: their pages (and, `with_state`, their fixed state)."
     g = get_geometry(geometry); _check_int("lanes", lanes, 0); _check_int("exact_tokens", exact_tokens, 0)
