@@ -167,7 +167,10 @@ def _build(self:Engine, cfg:EngineConfig):
     from hqkv.calibrate import describe_key_profile
     prof = engine_key_profile(str(cfg.key_profile), cfg.kv_format, lm)   # a profile of another model: ValueError
     kf, vf, bp = cfg.key_formats, cfg.value_formats, bit_plan_for(cfg, prof)
-    if bp is not None: kf, vf = bp.key_formats, bp.value_formats
+    if bp is not None:
+        kf, vf = bp.key_formats, bp.value_formats
+        if torch.device(cfg.device).type == "cuda" and cfg.attn is None:
+            _log.warning(f"kv.bit_plan: the key profile's plan ({bp.tag}) mixes formats the Triton kernels do not read; attention runs on the gather path (kv.bit_plan=off keeps the kernels)")
     p = plan(self.geometry, cfg.kv_format, cfg.kv_pool_bytes, context=cfg.max_context, exact_tokens=cfg.window_sinks + cfg.window_recent,
              key_formats=kf, value_formats=vf)   # a format for a layer the model does not have: ValueError
     have = memory_bytes(cfg.device)
