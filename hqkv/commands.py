@@ -119,7 +119,7 @@ def _depths(s:str)->list:
     if not v or not all(0 <= x <= 1 for x in v): raise argparse.ArgumentTypeError(f"depths must be in [0, 1], got {s!r}")
     return v
 
-_EVAL_SETTINGS = ("model", "window_sinks", "window_recent", "key_profile", "key_formats", "value_formats", "prefill_chunk")
+_EVAL_SETTINGS = ("model", "window_sinks", "window_recent", "key_profile", "key_formats", "value_formats", "bit_plan", "prefill_chunk")
 
 def _eval_setup(p:argparse.ArgumentParser):
     from hqkv.quality import TEXTS, REGIMES
@@ -158,7 +158,7 @@ def _eval_run(args)->int:
         model = HFModel(load_causal_lm(cfg.model)); geometry = model.geometry
     room = model.cfg.max_position - (6 if args.task == "niah" else 0)   # niah: the prompt is followed by 6 teacher-forced answer tokens
     if max(contexts) > room: raise ValueError(f"--context {max(contexts)} exceeds the model's context of {model.cfg.max_position}" + (" minus the 6 answer tokens" if args.task == "niah" else ""))
-    vs, prof = eval_variants(args.format, cfg.window_sinks, cfg.window_recent, str(cfg.key_profile), model, cfg.key_formats or None, cfg.value_formats or None)
+    vs, prof = eval_variants(args.format, cfg.window_sinks, cfg.window_recent, str(cfg.key_profile), model, cfg.key_formats or None, cfg.value_formats or None, cfg.bit_plan)
     ids = model.tokenizer.encode(text, add_bos=False)
     meta = dict(task=args.task, model=GEOMETRY if geometry == GEOMETRY else model.identity.short(), text=name or str(args.text_file), text_tokens=len(ids), contexts=contexts, chunk=chunk,
                 regime=args.regime, key_profile=None if prof is None else prof.tag, threads=torch.get_num_threads())

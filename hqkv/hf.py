@@ -323,6 +323,8 @@ class HQKVCache(Cache):
         full = tuple(i for i, t in enumerate(types) if t == "full_attention")
         if bit_plan not in ("auto", "off"): raise ValueError(f"HQKVCache: bit_plan must be 'auto' or 'off', got {bit_plan!r}")
         key_profile = cache_key_profile(key_profile, model, kv_format)
+        if key_profile is not None:      # before its plan is read: a profile of another geometry names itself
+            key_profile.check_geometry(full, getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads, D)
         plan = None if bit_plan == "off" or key_profile is None or key_formats or value_formats else key_profile.plan_for(kv_format)
         if plan is not None: key_formats, value_formats = dict(plan.key_formats), dict(plan.value_formats)
         layout = CacheLayout.of(full, D, kv_format, key_formats, value_formats, "this model")   # a layer that is not full attention: ValueError
@@ -330,8 +332,6 @@ class HQKVCache(Cache):
         k_codecs = {l: get_codec(f, head_dim=D, **asked_codec_opts(f)) for l, f in kf.items()}
         v_codecs = {l: get_codec(f, head_dim=D, **asked_codec_opts(f)) for l, f in vf.items()}
         for l in v_codecs: k_codecs.setdefault(l, codec)    # a layer's value codec given alone: its keys stay in kv_format
-        if key_profile is not None:
-            key_profile.check_geometry(full, getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads, D)
         slot = {l: j for j, l in enumerate(full)}
         layers = [HQKVLayer(v_codecs.get(i, codec), cfg, window_sinks, window_recent, key_profile, slot[i], k_codecs.get(i), decode_reads) if t == "full_attention"
                   else DYNAMIC_LAYER_TYPE_MAPPING[t](**kw) for i, (t, kw) in enumerate(zip(types, layer_kwargs))]

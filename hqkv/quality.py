@@ -33,8 +33,8 @@ def kjv_text()->str:
 PYDOC_GLOB = "/usr/share/doc/python3*/html/_sources/tutorial/*.rst.txt"   # Debian's python3.x-doc
 
 def pydoc_text()->str:
-    "The Python tutorial's reStructuredText sources (Debian's python3.x-doc), concatenated in file-name order."
-    files = sorted(glob.glob(PYDOC_GLOB))
+    "The Python tutorial's reStructuredText sources (Debian's python3.x-doc), once each, concatenated in file-name order."
+    files = sorted({Path(f).resolve() for f in glob.glob(PYDOC_GLOB)}, key=lambda p: (p.name, str(p)))   # python3.11-dev, -venv: symlinks to one copy
     if not files: raise ValueError(f"the full Python tutorial needs Debian's python3.11-doc (no file matches {PYDOC_GLOB}); "
                                    "or use --text pydoc-excerpt (shipped) or --text-file PATH")
     return "\n\n".join(Path(f).read_text(encoding="utf-8") for f in files)
@@ -521,8 +521,9 @@ def eval_variants(formats:str, # comma-separated format names
                   model, # the `Gemma3` or `HFModel` (its identity is checked against the profile)
                   key_formats=None, # per-layer key formats for every variant (kv.key_formats), e.g. '5=tbq3,11=tbq3'
                   value_formats=None, # per-layer value formats for every variant (kv.value_formats)
+                  bit_plan:str="auto", # kv.bit_plan: "auto" applies the profile's plan for a format when no per-layer formats are given
                  )->tuple: # ([KVVariant], KeyProfile | None)
-    "The variants `hqkv eval` measures, with the engine's rules for the window and the key profile."
+    "The variants `hqkv eval` measures, with the engine's rules for the window, the key profile and the bit plan."
     from hqkv.calibrate import resolve_key_profile
     names = [f.strip() for f in formats.split(",") if f.strip()]
     if not names: raise ValueError("no KV format given")
@@ -533,7 +534,9 @@ def eval_variants(formats:str, # comma-separated format names
         KVVariant(f)                                                  # an unknown format fails here, listing the supported ones
         p = resolve_key_profile(key_profile, f, ident)
         if p is not None: prof = p
-        vs.append(KVVariant(f, window=bool(sinks or recent), key_profile=p is not None, sinks=sinks, recent=recent, key_formats=key_formats or (), value_formats=value_formats or ()))
+        bp = p.plan_for(f) if bit_plan == "auto" and p is not None and not (key_formats or value_formats) else None
+        kf, vf = (bp.key_formats, bp.value_formats) if bp is not None else (key_formats or (), value_formats or ())
+        vs.append(KVVariant(f, window=bool(sinks or recent), key_profile=p is not None, sinks=sinks, recent=recent, key_formats=kf, value_formats=vf))
     D = model.geometry.head_dim if isinstance(model, HFModel) else get_geometry(GEOMETRY).head_dim
     for v in vs: v.layout(model.cfg.global_layers, D, model_identity_of(model).short())   # a layer the model does not have: ValueError before any forward
     return _variants(vs), prof

@@ -10,11 +10,11 @@ def run(*args):
 
 def test_eval_kld_tiny_window():
     r = run("eval", "kld", "--format", "bf16,hq-e8-2b", "--context", "128", "--chunk", "64", "--score-last", "64",
-            "--text", "kjv-excerpt", "--window-sinks", "0", "--window-recent", "0", "--json")
+            "--text", "kjv-excerpt", "--window-sinks", "0", "--window-recent", "0", "--bit-plan", "off", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     by = {row["variant"]: row for row in out["rows"]}
-    assert set(by) == {"bf16", "hq-e8-2b+profile"}               # auto: the shipped profile for the rotated format only
+    assert set(by) == {"bf16", "hq-e8-2b+profile"}               # auto: the shipped profile for the rotated format only (its bit plan off)
     assert abs(by["bf16"]["kld"]["128"]) < 1e-5                   # bf16 pages = the oracle's bf16 K/V
     kld = by["hq-e8-2b+profile"]["kld"]["128"]
     assert 0 < kld < math.inf
