@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, asdict
 from .codec import get_codec, asked_codec_opts, list_codecs
 
 # %% auto #0
-__all__ = ['CANDIDATES', 'format_bits', 'parse_budget', 'BitPlan', 'choose_plan', 'row_sensitivity', 'calibrate_plan']
+__all__ = ['CANDIDATES', 'format_bits', 'parse_budget', 'BitPlan', 'choose_plan', 'row_sensitivity', 'calibrate_plan', 'bit_plan']
 
 # %% ../nbs/15b_bitplan.ipynb #e3481283
 CANDIDATES = ("tbq2", "hq-e8-2b", "tbq3", "tbq4", "q8_0")   # the formats a plan chooses among by default
@@ -146,8 +146,12 @@ def calibrate_plan(model, windows:list, budget, # bits per value, or bytes per t
         raise ValueError(f"a budget of {b:.3f} bits per value is below every candidate at head_dim {D}")
     t0 = time.perf_counter()
     base_kld, sens = row_sensitivity(model, windows, base, candidates, profile, sinks, recent, chunk, score_last, regime, log)
-    plan, bits, pred = choose_plan(sens, base_kld, base, D, b)
-    pick = lambda kv: tuple((int(r[1:]), f) for r, f in plan.items() if r[0] == kv and f != base)
     cal = dict(source=source, windows=len(windows), context=max(len(w[0]) for w in windows), score_last=score_last, chunk=chunk, regime=regime,
                window=[sinks, recent], candidates=list(candidates), key_profile=None if profile is None else profile.tag, seconds=round(time.perf_counter() - t0))
-    return BitPlan(base, b, pick("k"), pick("v"), bits, base_kld, pred, cal, sens)
+    return bit_plan(sens, base_kld, base, D, b, cal)
+
+def bit_plan(sensitivity:dict, base_kld:float, base:str, head_dim:int, budget_bits:float, calibration:dict|None=None) -> BitPlan:
+    "`choose_plan`'s formats as a `BitPlan` (its rows split into key and value formats that leave `base`)."
+    plan, bits, pred = choose_plan(sensitivity, base_kld, base, head_dim, budget_bits)
+    pick = lambda kv: tuple((int(r[1:]), f) for r, f in plan.items() if r[0] == kv and f != base)
+    return BitPlan(base, budget_bits, pick("k"), pick("v"), bits, base_kld, pred, calibration or {}, sensitivity)

@@ -537,6 +537,6 @@ def eval_variants(formats:str, # comma-separated format names
         bp = p.plan_for(f) if bit_plan == "auto" and p is not None and not (key_formats or value_formats) else None
         kf, vf = (bp.key_formats, bp.value_formats) if bp is not None else (key_formats or (), value_formats or ())
         vs.append(KVVariant(f, window=bool(sinks or recent), key_profile=p is not None, sinks=sinks, recent=recent, key_formats=kf, value_formats=vf))
-    D = model.geometry.head_dim if isinstance(model, HFModel) else get_geometry(GEOMETRY).head_dim
-    for v in vs: v.layout(model.cfg.global_layers, D, model_identity_of(model).short())   # a layer the model does not have: ValueError before any forward
+    from hqkv.bitplan import _head_dim
+    for v in vs: v.layout(model.cfg.global_layers, _head_dim(model), model_identity_of(model).short())   # a layer the model does not have: ValueError before any forward
     return _variants(vs), prof
