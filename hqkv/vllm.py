@@ -11,50 +11,73 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 from .codec import Codec, get_codec, list_codecs
-from .attention import paged_prefill
+from .attention import ExactWindow, paged_prefill
 import torch.nn.functional as F
 
 # %% auto #0
-__all__ = ['ENV_FORMAT', 'ENV_KEY_PROFILE', 'ENV_SLIDING', 'BACKEND_PATH', 'VLLMSettings', 'vllm_settings', 'cell_bytes',
-           'sliding_block_size', 'capacity_ratio', 'PagedBatch', 'paged_batch', 'kv_views', 'store_rows', 'attend',
-           'attend_window', 'layer_index', 'shard_profile', 'register']
+__all__ = ['ENV_FORMAT', 'ENV_KEY_PROFILE', 'ENV_SLIDING', 'ENV_SINKS', 'ENV_RECENT', 'WINDOW_SINKS', 'WINDOW_RECENT', 'KERNELS',
+           'BACKEND_PATH', 'VLLMSettings', 'vllm_settings', 'cell_bytes', 'sliding_block_size', 'capacity_ratio',
+           'PagedBatch', 'paged_batch', 'kernels_for', 'kv_views', 'store_rows', 'attend', 'attend_window',
+           'sink_capacity', 'store_window', 'store_sinks', 'window_of', 'layer_index', 'shard_profile', 'SinkBatch',
+           'register']
 
 # %% ../nbs/75_vllm.ipynb #bc108a79
 ENV_FORMAT = "HQKV_VLLM_FORMAT"            # the pages' format (e.g. hq-e8-2b, bf16); unset or "off": vLLM's own cache
 ENV_KEY_PROFILE = "HQKV_VLLM_KEY_PROFILE"  # a key profile file (`hqkv calibrate` writes them); unset: none
 ENV_SLIDING = "HQKV_VLLM_SLIDING_FORMAT"   # sliding-window layers' format (e.g. bf16: exact, as hqkv's own engine keeps them); unset: the same
+ENV_SINKS = "HQKV_VLLM_WINDOW_SINKS"       # a sequence's first tokens kept exact beside the codes (hqkv's kv.window_sinks); 0: none
+ENV_RECENT = "HQKV_VLLM_WINDOW_RECENT"     # its latest tokens kept exact (hqkv's kv.window_recent); 0: none
+WINDOW_SINKS = 16    # hqkv's engine keeps 32; a vLLM sink page holds 18-24 bf16 tokens at --block-size 128 (see `sink_capacity`)
+WINDOW_RECENT = 512  # hqkv's engine's
+_KEYS = ("kv_format", "key_profile", "sliding_format", "window_sinks", "window_recent")
 
 @dataclass(slots=True, frozen=True)
 class VLLMSettings:
-    "What the plugin does: the KV pages' format (None: off) and the key profile file."
+    "What the plugin does: the KV pages' format (None: off), the key profile file and the exact window."
     kv_format: str|None = None   # a registered hqkv format, or None (the plugin is off)
     key_profile: str|None = None # path to a `KeyProfile` (.pt), or None
     sliding_format: str|None = None # sliding-window layers' format; None: `kv_format`
+    window_sinks: int = WINDOW_SINKS   # full-attention layers keep a sequence's first tokens exact (coded formats only); 0: none
+    window_recent: int = WINDOW_RECENT # ... and its latest tokens; 0: none
 
     def __post_init__(self):
         for f in (self.kv_format, self.sliding_format):
             if f is not None and f not in list_codecs(): raise ValueError(f"hqkv vllm: unknown format {f!r}; supported: {', '.join(list_codecs())}")
         if self.key_profile is not None and not isinstance(self.key_profile, str): raise TypeError(f"hqkv vllm: key_profile must be a path string, got {self.key_profile!r}")
+        for n in ("window_sinks", "window_recent"):
+            v = getattr(self, n)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0: raise ValueError(f"hqkv vllm: {n} must be an int >= 0, got {v!r}")
 
     @property
     def enabled(self) -> bool: return self.kv_format is not None
     def format_for(self, sliding:bool) -> str|None:
         "The format of a full-attention (False) or sliding-window (True) layer's pages."
         return (self.sliding_format or self.kv_format) if sliding else self.kv_format
+    def window_for(self, sliding:bool) -> tuple[int, int]:
+        "(sinks, recent) kept exact beside a layer's pages: full-attention layers in a coded format only (a bf16 page is exact already; a sliding layer holds only its window)."
+        return (0, 0) if sliding or self.format_for(False) in (None, "bf16") else (self.window_sinks, self.window_recent)
+
+def _count(name:str, v) -> int:
+    "A window size from the environment (a string) or additional_config (an int)."
+    if isinstance(v, str):
+        if not v.strip().isdigit(): raise ValueError(f"{name}={v!r}: must be an int >= 0")
+        return int(v)
+    return v
 
 def vllm_settings(env:dict|None=None, # the environment (default: os.environ)
                   additional_config:dict|None=None, # vLLM's `additional_config`; its "hqkv" entry wins over env
                  ) -> VLLMSettings:
-    "The plugin's settings: additional_config['hqkv'] > HQKV_VLLM_* environment > off."
+    "The plugin's settings: additional_config['hqkv'] > HQKV_VLLM_* environment > defaults (off unless a format is set)."
     env = os.environ if env is None else env
     off = lambda v: v in (None, "", "off", "none")
-    fmt, prof, sw = env.get(ENV_FORMAT), env.get(ENV_KEY_PROFILE), env.get(ENV_SLIDING)
     extra = (additional_config or {}).get("hqkv") or {}
     if not isinstance(extra, dict): raise TypeError(f"additional_config['hqkv'] must be a dict, got {type(extra).__name__}")
-    unknown = set(extra) - {"kv_format", "key_profile", "sliding_format"}
-    if unknown: raise ValueError(f"additional_config['hqkv']: unknown keys {sorted(unknown)}; known: kv_format, key_profile, sliding_format")
-    fmt, prof, sw = extra.get("kv_format", fmt), extra.get("key_profile", prof), extra.get("sliding_format", sw)
-    return VLLMSettings(None if off(fmt) else fmt, None if off(prof) else str(prof), None if off(sw) else sw)
+    unknown = set(extra) - set(_KEYS)
+    if unknown: raise ValueError(f"additional_config['hqkv']: unknown keys {sorted(unknown)}; known: {', '.join(_KEYS)}")
+    get = lambda k, e, d=None: extra.get(k, env.get(e, d))
+    fmt, prof, sw = get("kv_format", ENV_FORMAT), get("key_profile", ENV_KEY_PROFILE), get("sliding_format", ENV_SLIDING)
+    return VLLMSettings(None if off(fmt) else fmt, None if off(prof) else str(prof), None if off(sw) else sw,
+                        _count(ENV_SINKS, get("window_sinks", ENV_SINKS, WINDOW_SINKS)), _count(ENV_RECENT, get("window_recent", ENV_RECENT, WINDOW_RECENT)))
 
 # %% ../nbs/75_vllm.ipynb #06a77f3a
 def cell_bytes(kv_format:str, head_dim:int) -> int:
@@ -110,6 +133,15 @@ def paged_batch(query_start_loc:Tensor, # int [B+1]
                       slot_mapping[:num_tokens].long(), int(block_size), bt.long())
 
 # %% ../nbs/75_vllm.ipynb #b6763db6
+KERNELS = ("ref", "triton")   # hqkv.attention's torch reference; hqkv.kernels (Triton: CUDA, or the CPU interpreter)
+
+def kernels_for(device) -> str:
+    "The kernels a page tensor on `device` is read with: Triton on CUDA, the torch reference elsewhere."
+    return "triton" if torch.device(device).type == "cuda" else "ref"
+
+def _check_kernels(kernels:str):
+    if kernels not in KERNELS: raise ValueError(f"hqkv vllm: unknown kernels {kernels!r}; known: {', '.join(KERNELS)}")
+
 def kv_views(kv_cache:Tensor, # uint8 [num_blocks, kv_heads, block_size, 2 * row_bytes] (vLLM's LBHNC page)
              codec:Codec) -> tuple[Tensor, Tensor]: # k_pages, v_pages: uint8 [num_blocks, block_size, kv_heads, row_bytes] views
     "The key and value pages of a vLLM cache tensor, in hqkv's page order (views, no copy)."
@@ -121,12 +153,16 @@ def kv_views(kv_cache:Tensor, # uint8 [num_blocks, kv_heads, block_size, 2 * row
 def store_rows(kv_cache:Tensor, # uint8 [num_blocks, kv_heads, block_size, 2 * row_bytes]
                key:Tensor, value:Tensor, # float [n, kv_heads, head_dim]: the step's new K/V (keys already profiled)
                slot_mapping:Tensor, # int [n]: block * block_size + offset; -1 = padding, not stored
-               codec:Codec):
+               codec:Codec, kernels:str="ref"): # `KERNELS`
     "Code the new K/V and write each token's [key row | value row] cell at its slot."
-    kv_views(kv_cache, codec)
+    _check_kernels(kernels)
+    k_pages, v_pages = kv_views(kv_cache, codec)
     ok = slot_mapping >= 0
     s = slot_mapping[ok].long()
     if not s.numel(): return
+    if kernels == "triton":                     # hqkv's store kernel writes through the strided views: slot = block * block_size + offset
+        from hqkv.kernels.store import store
+        return store(key[ok].float().contiguous(), value[ok].float().contiguous(), k_pages, v_pages, s.contiguous(), codec)
     bs = kv_cache.shape[2]
     cells = torch.cat([codec.encode(key[ok]), codec.encode(value[ok])], -1)   # [n, kv_heads, 2 * row_bytes]
     kv_cache[s // bs, :, s % bs] = cells
@@ -135,12 +171,21 @@ def attend(query:Tensor, # float [>= num_tokens, Hq, D] (profiled when a key pro
            key:Tensor, value:Tensor, # float [>= num_tokens, kv_heads, D]: the chunk's own exact K/V (keys profiled alike)
            kv_cache:Tensor, batch:PagedBatch, codec:Codec,
            scale:float, # softmax scale
+           window:ExactWindow|None=None, # each request's exact recent rows (`window_of`), request b in slot b
+           kernels:str="ref", # `KERNELS`
           ) -> Tensor: # [num_tokens, Hq, D] in query's dtype
-    "Every new token attends to its sequence's coded prefix pages plus its chunk's exact K/V, causally."
+    "Every new token attends to its sequence's coded prefix pages (exact where the window holds the row) plus its chunk's exact K/V, causally."
+    _check_kernels(kernels)
     k_pages, v_pages = kv_views(kv_cache, codec)
     T = batch.num_tokens
+    slots = None if window is None else torch.arange(batch.prefix_lens.shape[0], dtype=torch.int32)
+    if kernels == "triton":                     # hqkv's prefill kernel reads vLLM's strided page views as they are
+        from hqkv.kernels.prefill import prefill
+        dev = kv_cache.device; on = lambda t: None if t is None else t.to(dev)
+        return prefill(query[:T], key[:T], value[:T], on(batch.qo_indptr), k_pages, v_pages, on(batch.indptr), on(batch.indices),
+                       on(batch.prefix_lens), codec, scale=scale, window=window, window_slots=on(slots))
     return paged_prefill(query[:T], key[:T], value[:T], batch.qo_indptr, k_pages, v_pages, batch.indptr, batch.indices,
-                         batch.prefix_lens, codec, scale=scale)
+                         batch.prefix_lens, codec, scale=scale, window=window, window_slots=slots)
 
 # %% ../nbs/75_vllm.ipynb #c6a483a9
 def attend_window(query:Tensor, key:Tensor, value:Tensor, # as `attend`
@@ -163,6 +208,66 @@ def attend_window(query:Tensor, key:Tensor, value:Tensor, # as `attend`
         o = F.scaled_dot_product_attention(query[a:e].float().transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale, enable_gqa=True)
         out[a:e] = o.transpose(0, 1).to(query.dtype)
     return out
+
+# %% ../nbs/75_vllm.ipynb #de3f6219
+def sink_capacity(block_size:int, kv_format:str, head_dim:int) -> int:
+    "Sinks one sink page holds: the bf16 tokens in a page of a coded page's bytes."
+    return sliding_block_size(block_size, kv_format, "bf16", head_dim)
+
+def _exact_rows(key:Tensor, value:Tensor, codec:Codec) -> Tensor: # uint8 [n, kv_heads, 4 * head_dim]
+    "K and V as `ExactWindow.append` keeps them (rotated, rounded to bf16), as one cell of bytes per (token, head)."
+    return torch.cat([codec.rotate(key.float()), codec.rotate(value.float())], -1).to(torch.bfloat16).view(torch.uint8)
+
+def _check_exact_pages(pages:Tensor, D:int, what:str):
+    if pages.dtype != torch.uint8 or pages.ndim != 4 or pages.shape[-1] != cell_bytes("bf16", D):
+        raise ValueError(f"{what} pages must be uint8 [blocks, kv_heads, block_size, {cell_bytes('bf16', D)}] at head_dim {D}, got {pages.dtype} {tuple(pages.shape)}")
+
+def store_window(win_cache:Tensor, # uint8 [num_blocks, kv_heads, block_size, 4 * head_dim]: the recent group's pages
+                 key:Tensor, value:Tensor, # float [n, kv_heads, head_dim]: the step's new K/V (keys profiled)
+                 slot_mapping:Tensor, # int [n]: the recent group's slots; -1 = padding, not stored
+                 codec:Codec): # the coded pages' format (its rotation is the window's domain)
+    "Write the step's rows into the recent group's pages."
+    _check_exact_pages(win_cache, codec.head_dim, "window")
+    ok = slot_mapping >= 0
+    s = slot_mapping[ok].long()
+    if not s.numel(): return
+    bs = win_cache.shape[2]
+    win_cache[s // bs, :, s % bs] = _exact_rows(key[ok], value[ok], codec)
+
+def store_sinks(sink_cache:Tensor, # uint8 [num_blocks, kv_heads, block_size, 4 * head_dim]: the sink group's pages
+                key:Tensor, value:Tensor, # float [>= num_tokens, kv_heads, head_dim]
+                batch:PagedBatch, # the coded pages' batch (who is where)
+                blocks:Tensor, # int [B]: each request's sink block
+                sinks:int, codec:Codec):
+    "Write the step's rows at positions < `sinks` into each request's sink block (offset = position)."
+    _check_exact_pages(sink_cache, codec.head_dim, "sink")
+    if sinks > sink_cache.shape[2]: raise ValueError(f"hqkv vllm: {sinks} sinks do not fit a sink page of {sink_cache.shape[2]} tokens")
+    qo, pl = batch.qo_indptr.tolist(), batch.prefix_lens.tolist()
+    for b, P in enumerate(pl):
+        m = min(sinks, P + qo[b + 1] - qo[b]) - P          # this step's tokens that are sinks
+        if m > 0: sink_cache[int(blocks[b]), :, P:P + m] = _exact_rows(key[qo[b]:qo[b] + m], value[qo[b]:qo[b] + m], codec).transpose(0, 1)
+
+def window_of(prefix_lens:Tensor, # int [B]: each request's prefix P
+              sinks:int, recent:int, # the window: positions [0, sinks) and [P - recent, P)
+              win_cache:Tensor|None=None, win_batch:PagedBatch|None=None, # the recent group's pages and batch (recent > 0)
+              sink_cache:Tensor|None=None, sink_blocks:Tensor|None=None, # the sink group's pages and each request's block (sinks > 0)
+             ) -> ExactWindow: # request b's rows in slot b
+    "Each request's exact rows, read from the window's page groups into an `ExactWindow`."
+    pages = win_cache if recent else sink_cache
+    B, H, D = prefix_lens.shape[0], pages.shape[1], pages.shape[-1] // 4
+    w = ExactWindow.allocate(B, H, D, sinks=sinks, recent=recent, device=pages.device)
+    for b, P in enumerate(prefix_lens.tolist()):
+        m = min(sinks, P)
+        if m:
+            rows = sink_cache[int(sink_blocks[b]), :, :m].transpose(0, 1).view(torch.bfloat16)     # [m, H, 2D]
+            w.k_sink[b, :m], w.v_sink[b, :m] = rows[..., :D], rows[..., D:]
+        pos = torch.arange(max(0, P - recent), P)
+        if recent and pos.numel():
+            bs = win_batch.block_size
+            rows = win_cache[win_batch.block_table[b, pos // bs], :, pos % bs].view(torch.bfloat16)   # [n, H, 2D]
+            w.k_recent[b, pos % recent], w.v_recent[b, pos % recent] = rows[..., :D], rows[..., D:]
+        w.lens[b] = P
+    return w
 
 # %% ../nbs/75_vllm.ipynb #dd25685a
 def layer_index(layer_name:str) -> int:
@@ -204,16 +309,27 @@ def _current_settings() -> VLLMSettings:
     except ImportError: cfg = None
     return vllm_settings(additional_config=getattr(cfg, "additional_config", None) or {})
 
-# %% ../nbs/75_vllm.ipynb #a50c1f7f
-def _build_classes() -> dict:
-    "Define the vLLM backend classes (needs vllm)."
-    from vllm.v1.attention.backend import AttentionBackend, AttentionImpl, AttentionMetadataBuilder, AttentionType, MultipleOf
-    from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheLayout, SlidingWindowSpec
-    from vllm.logger import init_logger
-    log = init_logger("vllm.hqkv")
+# %% ../nbs/75_vllm.ipynb #96770f19
+@dataclass(slots=True)
+class SinkBatch:
+    "One step's sink group: each request's one sink block."
+    blocks: Tensor       # int64 [B] (CPU)
+    prefix_lens: Tensor  # int32 [B]: as the coded pages' batch has them (checked)
 
+def _paired_block(full_format:str, other_format:str, head_dim:int) -> int:
+    "The block size of a page group in `other_format` whose page has a full-attention page's bytes, fixed at first use."
+    key = (full_format, other_format, head_dim)
+    if key not in _SLIDING_BLOCK:    # first call: vLLM later rewrites cache_config.block_size to the smallest group's
+        from vllm.config import get_current_vllm_config_or_none
+        cfg = get_current_vllm_config_or_none()
+        bs = getattr(getattr(cfg, "cache_config", None), "block_size", None) or 128
+        _SLIDING_BLOCK[key] = sliding_block_size(bs, *key)
+    return _SLIDING_BLOCK[key]
+
+def _builder_class():
+    from vllm.v1.attention.backend import AttentionMetadataBuilder
     class HQKVMetadataBuilder(AttentionMetadataBuilder):
-        "vLLM's common metadata -> `PagedBatch`, once per step."
+        "vLLM's common metadata -> `PagedBatch`, once per step (per KV cache group: the coded pages' and the window's)."
         def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
             super().__init__(kv_cache_spec, layer_names, vllm_config, device)
             self.block_size = kv_cache_spec.block_size
@@ -221,8 +337,22 @@ def _build_classes() -> dict:
             c = common_attn_metadata
             return paged_batch(c.query_start_loc_cpu, c.seq_lens, c.block_table_tensor, c.slot_mapping, self.block_size, c.num_actual_tokens)
 
+    class HQKVSinkBuilder(HQKVMetadataBuilder):
+        "The sink group's metadata: one block per request (its block table's first column)."
+        def build(self, common_prefix_len, common_attn_metadata, fast_build=False) -> SinkBatch:
+            c = common_attn_metadata
+            qsl, B = c.query_start_loc_cpu.long(), c.seq_lens.shape[0]
+            return SinkBatch(c.block_table_tensor[:B, 0].cpu().long(), (c.seq_lens.cpu().long() - (qsl[1:] - qsl[:-1])).to(torch.int32))
+    return HQKVMetadataBuilder, HQKVSinkBuilder
+
+# %% ../nbs/75_vllm.ipynb #2164faaa
+def _impl_class():
+    from vllm.v1.attention.backend import AttentionImpl, AttentionType
+    from vllm.logger import init_logger
+    log = init_logger("vllm.hqkv")
+
     class HQKVAttentionImpl(AttentionImpl):
-        "Store through slot_mapping, attend over the coded pages (hqkv's torch reference)."
+        "Store through slot_mapping, attend over the coded pages (hqkv's torch reference), the exact window from its own page group."
         def __init__(self, num_heads, head_size, scale, num_kv_heads=None, alibi_slopes=None, sliding_window=None,
                      kv_cache_dtype="auto", logits_soft_cap=None, attn_type=AttentionType.DECODER,
                      kv_sharing_target_layer_name=None, sinks=None, **kwargs):
@@ -238,12 +368,31 @@ def _build_classes() -> dict:
             self.settings = _current_settings()
             if not self.settings.enabled: raise RuntimeError(f"hqkv vllm backend is registered but no format is set ({ENV_FORMAT} or additional_config['hqkv'])")
             self.codec = get_codec(self.settings.format_for(sliding_window is not None), head_size)
+            self.sinks, self.recent = self.settings.window_for(sliding_window is not None)
+            self.window = {}         # "sinks" / "recent": the `HQKVWindowLayer`s beside this layer (added after loading)
+            from vllm.config import get_current_vllm_config_or_none
+            cfg = get_current_vllm_config_or_none()
+            self._context = None if cfg is None else cfg.compilation_config.static_forward_context
             self.profile = _profile_for(self.settings)
             if self.profile is not None and (self.profile.kv_heads, self.profile.head_dim) != (self.num_kv_heads, head_size):
                 raise ValueError(f"hqkv vllm: key profile is {self.profile.kv_heads} KV heads x {self.profile.head_dim}, this layer {self.num_kv_heads} x {head_size}")
             self._slot = {}
             log.info_once(f"hqkv pages: kv_format={self.codec.name} head_dim={head_size} cell_bytes={cell_bytes(self.codec.name, head_size)} "
-                          f"kv_heads={self.num_kv_heads} key_profile={'off' if self.profile is None else self.settings.key_profile}")
+                          f"kv_heads={self.num_kv_heads} window={self.sinks}+{self.recent} key_profile={'off' if self.profile is None else self.settings.key_profile}")
+
+        def process_weights_after_loading(self, act_dtype):
+            "After loading, before vLLM asks every layer for its KV cache spec: put this layer's window layers beside it."
+            parts = {k: n for k, n in (("sinks", self.sinks), ("recent", self.recent)) if n and k not in self.window}
+            if not parts: return
+            cap = _paired_block(self.codec.name, "bf16", self.head_size)
+            if self.sinks > cap: raise ValueError(f"hqkv vllm: window_sinks={self.sinks} does not fit one sink page ({cap} bf16 tokens at head_dim {self.head_size} "
+                                                  f"beside {self.codec.name} pages); use window_sinks <= {cap} or a larger --block-size")
+            name = next((n for n, l in (self._context or {}).items() if getattr(l, "impl", None) is self), None)
+            if name is None: raise RuntimeError("hqkv vllm: this attention layer is not in vLLM's forward context, so its exact window has nowhere to go")
+            for kind, n in parts.items():
+                w = _CLASSES["HQKVWindowLayer"](f"{name}.hqkv_{kind}", self.num_kv_heads, self.head_size, self.codec.name, kind, n)
+                if w.layer_name in self._context: raise ValueError(f"Duplicate layer name: {w.layer_name}")
+                self._context[w.layer_name] = self.window[kind] = w
 
         def _profile_slot(self, layer) -> int|None:
             "The layer's slot in the key profile, or None when the profile has no entry for it (e.g. Gemma 3's sliding layers)."
@@ -253,6 +402,19 @@ def _build_classes() -> dict:
                 self._slot[name] = self.profile.layers.index(i) if i in self.profile.layers else None
             return self._slot[name]
 
+        def _exact_window(self, batch:PagedBatch, k:Tensor, v:Tensor) -> ExactWindow:
+            "Store the step's rows in the window's page groups and read each request's window back."
+            if len(self.window) != bool(self.sinks) + bool(self.recent): raise RuntimeError(f"hqkv vllm: window {self.sinks}+{self.recent} but its layers were not added (process_weights_after_loading did not run)")
+            from vllm.forward_context import get_forward_context
+            md = get_forward_context().attn_metadata
+            if not isinstance(md, dict): raise NotImplementedError(f"hqkv vllm: the exact window needs per-layer metadata, got {type(md).__name__} (speculative decoding is not supported)")
+            got = {kind: (md[w.layer_name], w.kv_cache) for kind, w in self.window.items()}
+            if any(not torch.equal(b.prefix_lens, batch.prefix_lens) for b, _ in got.values()): raise RuntimeError("hqkv vllm: a window group's batch disagrees with the coded pages' batch")
+            (wb, wc), (sb, sc) = got.get("recent", (None, None)), got.get("sinks", (None, None))
+            if wc is not None: store_window(wc, k, v, wb.slot_mapping, self.codec)
+            if sc is not None: store_sinks(sc, k, v, batch, sb.blocks, self.sinks, self.codec)
+            return window_of(batch.prefix_lens, self.sinks, self.recent, wc, wb, sc, None if sb is None else sb.blocks)
+
         def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None, output_block_scale=None):
             if output_scale is not None or output_block_scale is not None: raise NotImplementedError("hqkv vllm backend: fused output quantization")
             if attn_metadata is None: return output                  # vLLM's warm-up / profile run
@@ -261,11 +423,20 @@ def _build_classes() -> dict:
             k = key[:T].view(T, self.num_kv_heads, self.head_size); v = value[:T].view(T, self.num_kv_heads, self.head_size)
             slot = None if self.profile is None else self._profile_slot(layer)
             if slot is not None: k, q = self.profile.apply_keys(slot, k), self.profile.apply_query(slot, q)
-            store_rows(kv_cache, k, v, attn_metadata.slot_mapping, self.codec)
-            if self.sliding_window is None: o = attend(q, k, v, kv_cache, attn_metadata, self.codec, self.scale)
-            else: o = attend_window(q, k, v, kv_cache, attn_metadata, self.codec, self.scale, self.sliding_window)
+            kernels = kernels_for(kv_cache.device)
+            store_rows(kv_cache, k, v, attn_metadata.slot_mapping, self.codec, kernels)
+            if self.sliding_window is not None: o = attend_window(q, k, v, kv_cache, attn_metadata, self.codec, self.scale, self.sliding_window)
+            else:
+                win = self._exact_window(attn_metadata, k, v) if self.sinks or self.recent else None
+                o = attend(q, k, v, kv_cache, attn_metadata, self.codec, self.scale, window=win, kernels=kernels)
             output[:T].copy_(o.reshape(output[:T].shape).to(output.dtype))
             return output
+    return HQKVAttentionImpl
+
+# %% ../nbs/75_vllm.ipynb #806c73ea
+def _backend_classes(builder, sink_builder, impl):
+    from vllm.v1.attention.backend import AttentionBackend, MultipleOf
+    from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheLayout, SlidingWindowSpec
 
     class HQKVAttentionBackend(AttentionBackend):
         "vLLM attention backend whose pages hold hqkv rows: [blocks, kv_heads, block_size, key row | value row] uint8."
@@ -273,23 +444,19 @@ def _build_classes() -> dict:
         supported_dtypes = [torch.float16, torch.bfloat16, torch.float32]
         supported_kv_cache_dtypes = ["auto"]
         @staticmethod
-        def get_name() -> str: return "CPU_ATTN"      # the enum slot it overrides (vLLM looks the name up in the enum)
+        def get_name() -> str:                       # the enum slot it overrides (vLLM looks the name up in the enum)
+            from vllm.platforms import current_platform
+            return "CPU_ATTN" if current_platform.is_cpu() else "CUSTOM"
         @staticmethod
-        def get_impl_cls(): return HQKVAttentionImpl
+        def get_impl_cls(): return impl
         @staticmethod
-        def get_builder_cls(): return HQKVMetadataBuilder
+        def get_builder_cls(): return builder
         @staticmethod
         def get_supported_kernel_block_sizes(kv_cache_spec=None):
             "Sliding layers in another format than the full ones: the one block size whose page matches the full page."
             s = _current_settings()
             if isinstance(kv_cache_spec, SlidingWindowSpec) and s.enabled and s.format_for(True) != s.format_for(False):
-                key = (s.format_for(False), s.format_for(True), kv_cache_spec.head_size)
-                if key not in _SLIDING_BLOCK:   # first call: vLLM later rewrites cache_config.block_size to the smallest group's
-                    from vllm.config import get_current_vllm_config_or_none
-                    cfg = get_current_vllm_config_or_none()
-                    bs = getattr(getattr(cfg, "cache_config", None), "block_size", None) or 128
-                    _SLIDING_BLOCK[key] = sliding_block_size(bs, *key)
-                return [_SLIDING_BLOCK[key]]
+                return [_paired_block(s.format_for(False), s.format_for(True), kv_cache_spec.head_size)]
             return [MultipleOf(16)]
         @classmethod
         def supported_kv_cache_layouts(cls): return (KVCacheLayout.LBHNC,)
@@ -308,10 +475,49 @@ def _build_classes() -> dict:
             fmt = s.format_for(isinstance(spec, SlidingWindowSpec))
             return dataclasses.replace(spec, dtype=torch.uint8, state_content_bytes=cell_bytes(fmt, spec.head_size))
 
-    return dict(HQKVAttentionBackend=HQKVAttentionBackend, HQKVAttentionImpl=HQKVAttentionImpl, HQKVMetadataBuilder=HQKVMetadataBuilder)
+    class HQKVWindowBackend(HQKVAttentionBackend):
+        "The exact window's recent rows: [blocks, kv_heads, block_size, bf16 key row | bf16 value row] as uint8; its coded layer reads them."
+        @staticmethod
+        def get_supported_kernel_block_sizes(kv_cache_spec=None):
+            return [_paired_block(_current_settings().format_for(False), "bf16", kv_cache_spec.head_size)]
+
+    class HQKVSinkBackend(HQKVWindowBackend):
+        "The exact window's sinks: the same cells, one block per request."
+        @staticmethod
+        def get_builder_cls(): return sink_builder
+    return HQKVAttentionBackend, HQKVWindowBackend, HQKVSinkBackend
+
+# %% ../nbs/75_vllm.ipynb #9e43f4d3
+def _window_layer_class(recent_backend, sink_backend):
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+    from vllm.v1.kv_cache_interface import CircularBufferSpec, SlidingWindowSpec
+
+    class HQKVWindowLayer(AttentionLayerBase):
+        "One part of a coded layer's exact window, in its own KV cache group of bf16 rows: the latest `n` tokens, or the first `n` (the sinks)."
+        def __init__(self, layer_name:str, num_kv_heads:int, head_size:int, kv_format:str, kind:str, n:int):
+            if kind not in ("recent", "sinks"): raise ValueError(f"HQKVWindowLayer: kind must be 'recent' or 'sinks', got {kind!r}")
+            self.layer_name, self.num_kv_heads, self.head_size, self.kv_format, self.kind, self.n = layer_name, num_kv_heads, head_size, kv_format, kind, n
+            self.kv_cache = torch.tensor([])
+        def get_attn_backend(self): return recent_backend if self.kind == "recent" else sink_backend
+        def get_kv_cache_spec(self, vllm_config):
+            common = dict(block_size=_paired_block(self.kv_format, "bf16", self.head_size), num_kv_heads=self.num_kv_heads, head_size=self.head_size,
+                          dtype=torch.uint8, state_content_bytes=cell_bytes("bf16", self.head_size))
+            # recent: vLLM keeps the `n` rows before each chunk (a window of n + 1 counts the query); sinks: one block per request for its life
+            return SlidingWindowSpec(sliding_window=self.n + 1, **common) if self.kind == "recent" else CircularBufferSpec(**common)
+        def __repr__(self): return f"HQKVWindowLayer({self.layer_name!r}, {self.kind}={self.n}, kv_heads={self.num_kv_heads}, head_size={self.head_size})"
+    return HQKVWindowLayer
+
+# %% ../nbs/75_vllm.ipynb #02456427
+_NAMES = ("HQKVAttentionBackend", "HQKVWindowBackend", "HQKVSinkBackend", "HQKVAttentionImpl", "HQKVMetadataBuilder", "HQKVSinkBuilder", "HQKVWindowLayer")
+
+def _build_classes() -> dict:
+    "Define the vLLM classes (needs vllm)."
+    (builder, sink_builder), impl = _builder_class(), _impl_class()
+    backend, recent_backend, sink_backend = _backend_classes(builder, sink_builder, impl)
+    return dict(zip(_NAMES, (backend, recent_backend, sink_backend, impl, builder, sink_builder, _window_layer_class(recent_backend, sink_backend))))
 
 def __getattr__(name):
-    if name in ("HQKVAttentionBackend", "HQKVAttentionImpl", "HQKVMetadataBuilder"):
+    if name in _NAMES:
         if not _CLASSES:
             try: _CLASSES.update(_build_classes())
             except ImportError as e: raise AttributeError(f"hqkv.vllm.{name} needs vllm installed ({e})") from e
@@ -322,9 +528,10 @@ def __getattr__(name):
 BACKEND_PATH = "hqkv.vllm.HQKVAttentionBackend"
 
 def register(env:dict|None=None) -> str|None: # the backend path registered, or None when off
-    "vLLM general plugin: route the CPU platform's attention (CPU_ATTN) to hqkv pages when HQKV_VLLM_FORMAT is set."
+    "vLLM general plugin: route the CPU platform's attention (CPU_ATTN), and CUSTOM on CUDA, to hqkv pages when HQKV_VLLM_FORMAT is set."
     s = vllm_settings(env)
     if not s.enabled: return None
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
-    register_backend(AttentionBackendEnum.CPU_ATTN, BACKEND_PATH)
+    register_backend(AttentionBackendEnum.CPU_ATTN, BACKEND_PATH)   # the CPU platform ignores CUSTOM but honours its own slot
+    register_backend(AttentionBackendEnum.CUSTOM, BACKEND_PATH)     # CUDA: chosen with --attention-backend CUSTOM (untested: no GPU)
     return BACKEND_PATH

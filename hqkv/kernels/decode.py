@@ -119,7 +119,7 @@ def decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr,
     if WINDOW:
         s_held = tl.minimum(SINKS, L)
         rec_start = tl.maximum(SINKS, L - RECENT)
-        n_code = tl.cdiv(rec_start, PAGE)          # pages wholly inside the recent window are skipped
+        n_code = tl.cdiv(tl.minimum(rec_start, L), PAGE)   # pages wholly inside the recent window are skipped; L < SINKS: none
         total = n_code + tl.cdiv(SINKS, PAGE) + tl.cdiv(RECENT, PAGE)
     else:
         s_held = 0; rec_start = L; n_code = n_pages; total = n_pages

@@ -56,7 +56,7 @@ def prefill_kernel(q_ptr, kn_ptr, vn_ptr, qo_ptr, k_ptr, v_ptr, indptr_ptr, indi
             rec_start = tl.maximum(SINKS, P - RECENT)
         else:
             s_held = 0; rec_start = P
-        n_code = tl.cdiv(rec_start, PAGE)
+        n_code = tl.cdiv(tl.minimum(rec_start, P), PAGE)   # P < SINKS: no code page is read (the table may hold none)
         for j in range(0, n_code):
             page = tl.load(indices_ptr + p0 + j).to(tl.int64)
             pos = j * PAGE + offs_n

@@ -22,16 +22,24 @@ def long_prompt(chars=4000):
     t = (Path(hqkv.__file__).parent / "data" / "kjv_excerpt.txt").read_text()
     return t[:chars] + "\n\nIn one sentence, the passage above says that"
 
-def _env(fmt, profile=None, sliding=None):
-    "os.environ for an engine: the plugin on (fmt) or off (None); the engine core process inherits it."
-    for k in ("HQKV_VLLM_FORMAT", "HQKV_VLLM_KEY_PROFILE", "HQKV_VLLM_SLIDING_FORMAT"): os.environ.pop(k, None)
-    if fmt: os.environ["HQKV_VLLM_FORMAT"] = fmt
+WINDOW = (16, 512)            # the exact window (sinks, recent) when a run has one: the plugin's defaults
+NO_WINDOW = (0, 0)
+
+def window_of_name(variant:str) -> tuple[int, int]:
+    "(sinks, recent) of a hqkv variant name: '...+window:S:R' -> (S, R); no window -> (0, 0)."
+    m = re.search(r"\+window:(\d+):(\d+)", variant)
+    return (int(m.group(1)), int(m.group(2))) if m else NO_WINDOW
+
+def _env(fmt, profile=None, sliding=None, window=NO_WINDOW):
+    "os.environ for an engine: the plugin on (fmt) or off (None), the exact window (sinks, recent); the engine core process inherits it."
+    for k in ("HQKV_VLLM_FORMAT", "HQKV_VLLM_KEY_PROFILE", "HQKV_VLLM_SLIDING_FORMAT", "HQKV_VLLM_WINDOW_SINKS", "HQKV_VLLM_WINDOW_RECENT"): os.environ.pop(k, None)
+    if fmt: os.environ.update(HQKV_VLLM_FORMAT=fmt, HQKV_VLLM_WINDOW_SINKS=str(window[0]), HQKV_VLLM_WINDOW_RECENT=str(window[1]))
     if profile: os.environ["HQKV_VLLM_KEY_PROFILE"] = str(profile)
     if sliding: os.environ["HQKV_VLLM_SLIDING_FORMAT"] = sliding
 
-def _llm(model, fmt, profile=None, dtype="float32", sliding=None, **kw):
+def _llm(model, fmt, profile=None, dtype="float32", sliding=None, window=NO_WINDOW, **kw):
     from vllm import LLM
-    _env(fmt, profile, sliding)
+    _env(fmt, profile, sliding, window)
     args = dict(model=str(model), dtype=dtype, enforce_eager=True, max_model_len=4096, max_num_seqs=8,
                 kv_cache_memory_bytes=KV_BYTES, seed=0, enable_prefix_caching=False)
     args.update(kw)
@@ -74,14 +82,17 @@ def _geometry(model):
                 full_layers=types.count("full_attention"), sliding_layers=types.count("sliding_attention"),
                 sliding_window=c.get("sliding_window") if "sliding_attention" in types else None)
 
-def single_sequence_tokens(g, blocks, full_block, sliding_block):
+def single_sequence_tokens(g, blocks, full_block, sliding_block, window=NO_WINDOW, window_block=None):
     """The longest one sequence the pool holds: vLLM groups layers in groups of the full layers' count (Gemma 3 270M:
     1 full + 5 sliding groups of 3); a block id is one page in every layer of a group; a sliding group keeps
-    ceil((window - 1) / block) + 1 blocks per sequence whatever its length, the full group one block per `full_block` tokens."""
-    if not g["sliding_layers"]: return blocks * full_block
-    groups = g["sliding_layers"] // g["full_layers"]
-    ring = -(-(g["sliding_window"] - 1) // sliding_block) + 1
-    return (blocks - groups * ring) * full_block
+    ceil((window - 1) / block) + 1 blocks per sequence whatever its length, the full group one block per `full_block` tokens.
+    hqkv's exact window is one more sliding group (a layer per full layer) of `recent + 1` tokens and a sink group of one block."""
+    used = 0
+    if g["sliding_layers"]: used += (g["sliding_layers"] // g["full_layers"]) * (-(-(g["sliding_window"] - 1) // sliding_block) + 1)
+    sinks, recent = window
+    if recent: used += -(-recent // window_block) + 1
+    if sinks: used += 1
+    return (blocks - used) * full_block
 
 def cmd_capacity(a):
     from hqkv.sizing import Geometry, bytes_per_token
@@ -91,21 +102,23 @@ def cmd_capacity(a):
         g = _geometry(d)
         geo = Geometry(name, layers=g["layers"], attn_layers=g["layers"], kv_heads=g["kv_heads"], head_dim=g["head_dim"])
         plan = {f: bytes_per_token(geo, f) for f in ("bf16", "hq-e8-2b")}
-        variants = [("vllm stock, fp32 model (fp32 cache)", None, "float32", None), ("vllm stock, bf16 model (bf16 cache)", None, "bfloat16", None),
-                    ("hqkv bf16 rows", "bf16", "float32", None), ("hqkv hq-e8-2b rows", "hq-e8-2b", "float32", None)]
-        if g["sliding_layers"]: variants.append(("hqkv hq-e8-2b full layers + bf16 sliding layers", "hq-e8-2b", "float32", "bf16"))
-        for label, fmt, dtype, sliding in variants:
+        variants = [("vllm stock, fp32 model (fp32 cache)", None, "float32", None, 0), ("vllm stock, bf16 model (bf16 cache)", None, "bfloat16", None, 0),
+                    ("hqkv bf16 rows", "bf16", "float32", None, 0), ("hqkv hq-e8-2b rows", "hq-e8-2b", "float32", None, 0),
+                    (f"hqkv hq-e8-2b rows + exact window {WINDOW[0]}+{WINDOW[1]}", "hq-e8-2b", "float32", None, WINDOW)]
+        if g["sliding_layers"]: variants.append(("hqkv hq-e8-2b full layers + bf16 sliding layers", "hq-e8-2b", "float32", "bf16", NO_WINDOW))
+        for label, fmt, dtype, sliding, window in variants:
+            from hqkv.vllm import sliding_block_size
             log = tempfile.mktemp(prefix="hqkv-vllm-", suffix=".log")
-            with _fd_log(log): llm, init_s = _llm(d, fmt, dtype=dtype, sliding=sliding)
+            with _fd_log(log): llm, init_s = _llm(d, fmt, dtype=dtype, sliding=sliding, window=window)
             cap = _capacity(llm)
             cap["vllm_reported_kv_cache_tokens"] = _reported_tokens(log)
-            sb = cap["block_size"]
-            if sliding:
-                from hqkv.vllm import sliding_block_size
-                sb = sliding_block_size(128, fmt, sliding, g["head_dim"]); cap["block_size"] = 128; cap["sliding_block_size"] = sb
-                cap["kv_cache_tokens"] = cap["num_gpu_blocks"] * 128
-            rows.append(dict(model=name, variant=label, kv_format=fmt or "vllm", sliding_format=sliding, dtype=dtype, init_seconds=init_s,
-                             single_sequence_tokens=single_sequence_tokens(g, cap["num_gpu_blocks"], 128, sb), **cap))
+            sb, wb = cap["block_size"], None
+            if sliding or any(window):      # vLLM reports the smallest group's block size; the full pages stay 128 tokens
+                cap["block_size"] = 128; cap["kv_cache_tokens"] = cap["num_gpu_blocks"] * 128
+            if sliding: sb = cap["sliding_block_size"] = sliding_block_size(128, fmt, sliding, g["head_dim"])
+            if any(window): wb = cap["window_block_size"] = sliding_block_size(128, fmt, "bf16", g["head_dim"])
+            rows.append(dict(model=name, variant=label, kv_format=fmt or "vllm", sliding_format=sliding, window=list(window), dtype=dtype, init_seconds=init_s,
+                             single_sequence_tokens=single_sequence_tokens(g, cap["num_gpu_blocks"], 128, sb, window, wb), **cap))
             print(json.dumps(rows[-1]), flush=True)
             _close(llm)
         by = {r["variant"]: r["kv_cache_tokens"] for r in rows if r["model"] == name}
@@ -134,10 +147,11 @@ def cmd_greedy(a):
     hybrid = bool(_geometry(a.model)["sliding_layers"])
     for label, fmt, prof, sw in (("vllm stock", None, None, None), ("hqkv bf16 rows", "bf16", None, None), ("hqkv hq-e8-2b", "hq-e8-2b", None, None),
                                  ("hqkv hq-e8-2b+profile", "hq-e8-2b", a.profile, None),
-                                 ("hqkv hq-e8-2b+profile, bf16 sliding layers", "hq-e8-2b", a.profile, "bf16")):
+                                 ("hqkv hq-e8-2b+profile, bf16 sliding layers", "hq-e8-2b", a.profile, "bf16"),
+                                 (f"hqkv hq-e8-2b+profile+window {WINDOW[0]}+{WINDOW[1]}", "hq-e8-2b", a.profile, None)):
         if "profile" in label and not a.profile: continue
         if sw and not hybrid: continue
-        llm, init_s = _llm(a.model, fmt, prof, sliding=sw)
+        llm, init_s = _llm(a.model, fmt, prof, sliding=sw, window=WINDOW if "window" in label else NO_WINDOW)
         t = time.time(); ids, texts = _greedy(llm, a.tokens)
         res[label] = dict(ids=ids, texts=texts, init_seconds=init_s, generate_seconds=round(time.time() - t, 1), **_capacity(llm))
         print(label, json.dumps(texts)[:300], flush=True)
@@ -165,9 +179,14 @@ def cmd_quality(a):
     w = json.loads(Path(a.window).read_text())
     ids = w["ids"] + [w["next_id"]]
     res = {}
-    for label, fmt, prof in (("vllm stock", None, None), ("bf16", "bf16", None), ("hq-e8-2b", "hq-e8-2b", None), ("hq-e8-2b+profile", "hq-e8-2b", a.profile)):
-        if label.endswith("profile") and not a.profile: continue
-        llm, _ = _llm(a.model, fmt, prof, max_num_batched_tokens=w["chunk"], max_num_seqs=1, sliding=a.sliding if fmt == "hq-e8-2b" else None)
+    runs = [("vllm stock", None, None), ("bf16", "bf16", None)]
+    for v in w["hqkv"]:                # every variant hqkv's side scored: hq-e8-2b, +profile, +window:S:R (hqkv's names)
+        if not v.startswith("hq-e8-2b") or not set(v.split("+")[1:]) <= {"profile"} | {x for x in v.split("+") if x.startswith("window:")}:
+            raise SystemExit(f"check.py quality: no vLLM run for hqkv variant {v!r}")
+        if "+profile" in v and not a.profile: raise SystemExit(f"check.py quality: {v} needs --profile")
+        runs.append((v, "hq-e8-2b", a.profile if "+profile" in v else None))
+    for label, fmt, prof in runs:
+        llm, _ = _llm(a.model, fmt, prof, max_num_batched_tokens=w["chunk"], max_num_seqs=1, sliding=a.sliding if fmt == "hq-e8-2b" else None, window=window_of_name(label))
         t = time.time(); nll, top = _prompt_scores(llm, ids, w["score_last"])
         res[label] = dict(nll=nll, top=top, seconds=round(time.time() - t, 1))
         print(label, sum(nll) / len(nll), res[label]["seconds"], flush=True)
@@ -187,8 +206,8 @@ def _get(url, timeout=5):
 
 def cmd_serve(a):
     port = a.port
-    env = dict(os.environ, HQKV_VLLM_FORMAT=a.format)
-    env.pop("HQKV_VLLM_KEY_PROFILE", None)
+    env = dict(os.environ, HQKV_VLLM_FORMAT=a.format)                 # the plugin's defaults otherwise (exact window of 512)
+    for k in ("HQKV_VLLM_KEY_PROFILE", "HQKV_VLLM_WINDOW_SINKS", "HQKV_VLLM_WINDOW_RECENT", "HQKV_VLLM_SLIDING_FORMAT"): env.pop(k, None)
     if a.profile: env["HQKV_VLLM_KEY_PROFILE"] = a.profile
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", a.model, "--served-model-name", "m",
            "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager", "--max-model-len", "4096",
@@ -233,9 +252,10 @@ def cmd_tp(a):
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0|1")
     res = {}
-    for label, fmt, prof in (("vllm stock tp2", None, None), ("hqkv bf16 rows tp2", "bf16", None), ("hqkv hq-e8-2b tp2", a.format, a.profile)):
+    for label, fmt, prof, window in (("vllm stock tp2", None, None, NO_WINDOW), ("hqkv bf16 rows tp2", "bf16", None, NO_WINDOW),
+                                     (f"hqkv hq-e8-2b+window {WINDOW[0]}+{WINDOW[1]} tp2", a.format, a.profile, WINDOW)):
         try:
-            llm, init_s = _llm(a.model, fmt, prof, tensor_parallel_size=2, distributed_executor_backend="mp")
+            llm, init_s = _llm(a.model, fmt, prof, tensor_parallel_size=2, distributed_executor_backend="mp", window=window)
             margins = []
             ids, texts = _greedy(llm, 16, margins)
             res[label] = dict(ok=True, init_seconds=init_s, texts=texts, ids=ids, top2_margins=margins, **_capacity(llm))

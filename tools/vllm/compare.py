@@ -13,7 +13,7 @@ def main(hq_path, vl_path, out_path):
     pv = vl["per_position"]
     mean = lambda xs: sum(xs) / len(xs)
     rows = []
-    for variant in (v for v in ("hq-e8-2b", "hq-e8-2b+profile") if v in hq["hqkv"] and v in pv):
+    for variant in (v for v in hq["hqkv"] if v in pv):
         h, v = hq["hqkv"][variant], pv[variant]
         rows.append(dict(variant=variant, hqkv_kld=h["kld"], hqkv_top1=h["top1"], hqkv_dnll=h["dnll"],
                          vllm_top1=vl["summary"][variant]["top1_vs_bf16"], vllm_dnll=vl["summary"][variant]["dnll_vs_bf16"],
@@ -25,7 +25,7 @@ def main(hq_path, vl_path, out_path):
                   top1_vllm_stock_vs_bf16_rows=vl["summary"]["vllm stock"]["top1_vs_bf16"])
     out = dict(model=hq["model"], text=hq["text"], window_tokens=len(hq["ids"]), chunk=hq["chunk"], scored_positions=n,
                vllm_sliding_format=vl.get("sliding_format"),
-               note="exact window off on both sides (the vLLM backend has none); each side's oracle is its own bf16 rows; "
+               note="variants named +window:S:R keep a sequence's first S and latest R tokens exact on both sides, the others no window; each side's oracle is its own bf16 rows; "
                     "hqkv's HF cache leaves sliding-window layers to transformers (exact), vLLM keeps them in `vllm_sliding_format` pages",
                oracle=oracle, rows=rows, hqkv_seconds=hq["seconds"], vllm_seconds={k: s["seconds"] for k, s in vl["summary"].items()})
     Path(out_path).write_text(json.dumps(out, indent=1) + "\n")

