@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 import torch
 from torch import Tensor
+from fastcore.basics import patch
 from .codec import Codec, codec_class
 from .fixtures import DATA_DIR
 
@@ -79,7 +80,7 @@ def model_identity(model, # a loaded model with a dataclass `.cfg` (a `hqkv.mode
         weights_sha256 = _default_weights_sha256()
     return ModelIdentity(name, config_sha256(cfg), weights_sha256)
 
-# %% ../nbs/15_calibrate.ipynb #e5c6f0b9
+# %% ../nbs/15_calibrate.ipynb #95eab168
 PROFILE_FORMAT = "hqkv.key_profile"   # the file's format tag
 PROFILE_VERSION = 1                   # bumped when the meaning of mu/sigma changes
 MODES = ("qk", "std")                 # how sigma is chosen (see `profile_stats`)
@@ -133,88 +134,106 @@ class KeyProfile:
         "The same profile with mu and sigma on `device` (the cache's device: no transfer per call)."
         return dataclasses.replace(self, mu=self.mu.to(device), sigma=self.sigma.to(device))
 
-    def _vec(self, t:Tensor, slot:int, x:Tensor, heads:int, what:str) -> Tensor:
-        _check_slot(slot, self.n_layers)
-        if not isinstance(x, Tensor) or not x.is_floating_point(): raise TypeError(f"KeyProfile.{what}: expected a floating-point tensor, got {getattr(x, 'dtype', type(x).__name__)}")
-        H, D = self.kv_heads, self.head_dim
-        if x.ndim < 2 or x.shape[-1] != D or x.shape[-2] % H or (heads and x.shape[-2] != H):
-            want = f"[..., {H}, {D}]" if heads else f"[..., a multiple of {H} heads, {D}]"
-            raise ValueError(f"KeyProfile.{what}: expected {want}, got {tuple(x.shape)}")
-        return t[slot].to(x.device).repeat_interleave(x.shape[-2] // H, 0)   # GQA: query head h uses KV head h // group
+# %% ../nbs/15_calibrate.ipynb #89c4e018
+@patch
+def to(self:KeyProfile, device) -> KeyProfile:
+    "The same profile with mu and sigma on `device` (the cache's device: no transfer per call)."
+    return dataclasses.replace(self, mu=self.mu.to(device), sigma=self.sigma.to(device))
 
-    def apply_keys(self, layer_slot:int, # which attention layer (index into `layers`)
-                   k:Tensor, # float [..., kv_heads, head_dim], the model's post-RoPE keys
-                  ) -> Tensor: # float32 (k - mu) / sigma
-        "The keys the cache codes and stores (pages and exact window alike)."
-        mu = self._vec(self.mu, layer_slot, k, True, "apply_keys")
-        return (k.to(torch.float32) - mu) / self.sigma[layer_slot].to(k.device)
+@patch
+def _vec(self:KeyProfile, t:Tensor, slot:int, x:Tensor, heads:int, what:str) -> Tensor:
+    _check_slot(slot, self.n_layers)
+    if not isinstance(x, Tensor) or not x.is_floating_point(): raise TypeError(f"KeyProfile.{what}: expected a floating-point tensor, got {getattr(x, 'dtype', type(x).__name__)}")
+    H, D = self.kv_heads, self.head_dim
+    if x.ndim < 2 or x.shape[-1] != D or x.shape[-2] % H or (heads and x.shape[-2] != H):
+        want = f"[..., {H}, {D}]" if heads else f"[..., a multiple of {H} heads, {D}]"
+        raise ValueError(f"KeyProfile.{what}: expected {want}, got {tuple(x.shape)}")
+    return t[slot].to(x.device).repeat_interleave(x.shape[-2] // H, 0)   # GQA: query head h uses KV head h // group
 
-    def restore_keys(self, layer_slot:int, kt:Tensor, # float [..., kv_heads, head_dim], transformed keys
-                    ) -> Tensor: # float32 kt * sigma + mu
-        "Inverse of `apply_keys`."
-        s = self._vec(self.sigma, layer_slot, kt, True, "restore_keys")
-        return kt.to(torch.float32) * s + self.mu[layer_slot].to(kt.device)
+@patch
+def apply_keys(self:KeyProfile, layer_slot:int, # which attention layer (index into `layers`)
+               k:Tensor, # float [..., kv_heads, head_dim], the model's post-RoPE keys
+              ) -> Tensor: # float32 (k - mu) / sigma
+    "The keys the cache codes and stores (pages and exact window alike)."
+    mu = self._vec(self.mu, layer_slot, k, True, "apply_keys")
+    return (k.to(torch.float32) - mu) / self.sigma[layer_slot].to(k.device)
 
-    def apply_query(self, layer_slot:int, q:Tensor, # float [..., Hq, head_dim], Hq a multiple of kv_heads
-                   ) -> Tensor: # float32 q * sigma
-        "The query that scores transformed keys: q' . (k - mu)/sigma = q . k - q . mu (a constant per query)."
-        return q.to(torch.float32) * self._vec(self.sigma, layer_slot, q, False, "apply_query")
+@patch
+def restore_keys(self:KeyProfile, layer_slot:int, kt:Tensor, # float [..., kv_heads, head_dim], transformed keys
+                ) -> Tensor: # float32 kt * sigma + mu
+    "Inverse of `apply_keys`."
+    s = self._vec(self.sigma, layer_slot, kt, True, "restore_keys")
+    return kt.to(torch.float32) * s + self.mu[layer_slot].to(kt.device)
 
-    def meta(self) -> dict:
-        "Everything but the tensors, JSON-ready."
-        return dict(model=dataclasses.asdict(self.model), layers=list(self.layers), source=self.source, n_tokens=self.n_tokens,
-                    mode=self.mode, rotation_seed=self.rotation_seed, version=self.version,
-                    shape=list(self.mu.shape), plans=self.plans)
+@patch
+def apply_query(self:KeyProfile, layer_slot:int, q:Tensor, # float [..., Hq, head_dim], Hq a multiple of kv_heads
+               ) -> Tensor: # float32 q * sigma
+    "The query that scores transformed keys: q' . (k - mu)/sigma = q . k - q . mu (a constant per query)."
+    return q.to(torch.float32) * self._vec(self.sigma, layer_slot, q, False, "apply_query")
 
-    def save(self, path:str|Path) -> Path:
-        "Write the profile (two float32 tensors and a JSON string) with `torch.save`."
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"format": PROFILE_FORMAT, "mu": self.mu.cpu(), "sigma": self.sigma.cpu(), "meta": json.dumps(self.meta(), sort_keys=True)}, p)
-        return p
+# %% ../nbs/15_calibrate.ipynb #6e2151ec
+@patch
+def meta(self:KeyProfile) -> dict:
+    "Everything but the tensors, JSON-ready."
+    return dict(model=dataclasses.asdict(self.model), layers=list(self.layers), source=self.source, n_tokens=self.n_tokens,
+                mode=self.mode, rotation_seed=self.rotation_seed, version=self.version,
+                shape=list(self.mu.shape), plans=self.plans)
 
-    @classmethod
-    def load(cls, path:str|Path) -> KeyProfile:
-        "Read a profile written by `save`; anything else is refused with a message naming the file."
-        p = Path(path)
-        if not p.is_file(): raise FileNotFoundError(f"no key profile at {p}")
-        try: b = torch.load(p, map_location="cpu", weights_only=True)
-        except Exception as e: raise ValueError(f"{p} is not a key profile file ({type(e).__name__}: {e})") from None
-        if not isinstance(b, dict) or b.get("format") != PROFILE_FORMAT: raise ValueError(f"{p} is not a key profile file (no {PROFILE_FORMAT!r} tag)")
-        try:
-            m = json.loads(b["meta"])
-            if m.get("version") != PROFILE_VERSION: raise ValueError(f"{p}: key profile version {m.get('version')!r}, this hqkv reads version {PROFILE_VERSION}")
-            prof = cls(b["mu"], b["sigma"], ModelIdentity(**m["model"]), tuple(m["layers"]), m["source"], m["n_tokens"], m["mode"], m["rotation_seed"], m["version"], m.get("plans", {}))
-            for base in prof.plans:
-                try: prof.plan_for(base)
-                except ValueError as e: raise ValueError(f"{p}: the {base} plan: {e}") from None
-            return prof
-        except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
-            raise ValueError(f"{p}: the key profile file is damaged ({type(e).__name__}: {e})") from None
+@patch
+def save(self:KeyProfile, path:str|Path) -> Path:
+    "Write the profile (two float32 tensors and a JSON string) with `torch.save`."
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"format": PROFILE_FORMAT, "mu": self.mu.cpu(), "sigma": self.sigma.cpu(), "meta": json.dumps(self.meta(), sort_keys=True)}, p)
+    return p
 
-    def plan_for(self, base:str): # -> `hqkv.bitplan.BitPlan` | None
-        "The calibrated bit plan for pool format `base`, if `hqkv calibrate --budget` made one."
-        from hqkv.bitplan import BitPlan
-        d = self.plans.get(base)
-        return None if d is None else BitPlan.from_dict(d)
+@patch(cls_method=True)
+def load(cls:KeyProfile, path:str|Path) -> KeyProfile:
+    "Read a profile written by `save`; anything else is refused with a message naming the file."
+    p = Path(path)
+    if not p.is_file(): raise FileNotFoundError(f"no key profile at {p}")
+    try: b = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as e: raise ValueError(f"{p} is not a key profile file ({type(e).__name__}: {e})") from None
+    if not isinstance(b, dict) or b.get("format") != PROFILE_FORMAT: raise ValueError(f"{p} is not a key profile file (no {PROFILE_FORMAT!r} tag)")
+    try:
+        m = json.loads(b["meta"])
+        if m.get("version") != PROFILE_VERSION: raise ValueError(f"{p}: key profile version {m.get('version')!r}, this hqkv reads version {PROFILE_VERSION}")
+        prof = cls(b["mu"], b["sigma"], ModelIdentity(**m["model"]), tuple(m["layers"]), m["source"], m["n_tokens"], m["mode"], m["rotation_seed"], m["version"], m.get("plans", {}))
+        for base in prof.plans:
+            try: prof.plan_for(base)
+            except ValueError as e: raise ValueError(f"{p}: the {base} plan: {e}") from None
+        return prof
+    except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{p}: the key profile file is damaged ({type(e).__name__}: {e})") from None
 
-    def with_plan(self, plan) -> KeyProfile:
-        "The same profile with `plan` (a `BitPlan`) as its plan for `plan.base` (another base's plan is kept)."
-        return dataclasses.replace(self, plans={**self.plans, plan.base: plan.as_dict()})
+@patch
+def plan_for(self:KeyProfile, base:str): # -> `hqkv.bitplan.BitPlan` | None
+    "The calibrated bit plan for pool format `base`, if `hqkv calibrate --budget` made one."
+    from hqkv.bitplan import BitPlan
+    d = self.plans.get(base)
+    return None if d is None else BitPlan.from_dict(d)
 
-    def check_matches(self, identity:ModelIdentity, # the model about to use the profile
-                     ):
-        "Raise ValueError naming what differs when the profile was measured on another model."
-        if not isinstance(identity, ModelIdentity): raise TypeError(f"check_matches expects a ModelIdentity, got {type(identity).__name__}")
-        diff = [f for f in ("kind", "config_sha256", "weights_sha256") if getattr(self.model, f) != getattr(identity, f)]
-        if diff: raise ValueError(f"key profile ({self.tag}) was calibrated on {self.model.short()}, not on this model {identity.short()} "
-                                  f"(different {', '.join(diff)}); run `hqkv calibrate --model ...` for this model or set kv.key_profile=off")
+@patch
+def with_plan(self:KeyProfile, plan) -> KeyProfile:
+    "The same profile with `plan` (a `BitPlan`) as its plan for `plan.base` (another base's plan is kept)."
+    return dataclasses.replace(self, plans={**self.plans, plan.base: plan.as_dict()})
 
-    def check_geometry(self, layers:tuple, # model layer index of each attention layer of the cache
-                       kv_heads:int, head_dim:int):
-        "Raise ValueError when the cache's attention layers or head shape differ from the profile's."
-        if tuple(layers) != self.layers or (kv_heads, head_dim) != (self.kv_heads, self.head_dim):
-            raise ValueError(f"key profile covers layers {self.layers} with {self.kv_heads} x {self.head_dim} heads; the cache has layers {tuple(layers)} with {kv_heads} x {head_dim}")
+# %% ../nbs/15_calibrate.ipynb #fe35c9fa
+@patch
+def check_matches(self:KeyProfile, identity:ModelIdentity, # the model about to use the profile
+                 ):
+    "Raise ValueError naming what differs when the profile was measured on another model."
+    if not isinstance(identity, ModelIdentity): raise TypeError(f"check_matches expects a ModelIdentity, got {type(identity).__name__}")
+    diff = [f for f in ("kind", "config_sha256", "weights_sha256") if getattr(self.model, f) != getattr(identity, f)]
+    if diff: raise ValueError(f"key profile ({self.tag}) was calibrated on {self.model.short()}, not on this model {identity.short()} "
+                              f"(different {', '.join(diff)}); run `hqkv calibrate --model ...` for this model or set kv.key_profile=off")
+
+@patch
+def check_geometry(self:KeyProfile, layers:tuple, # model layer index of each attention layer of the cache
+                   kv_heads:int, head_dim:int):
+    "Raise ValueError when the cache's attention layers or head shape differ from the profile's."
+    if tuple(layers) != self.layers or (kv_heads, head_dim) != (self.kv_heads, self.head_dim):
+        raise ValueError(f"key profile covers layers {self.layers} with {self.kv_heads} x {self.head_dim} heads; the cache has layers {tuple(layers)} with {kv_heads} x {head_dim}")
 
 # %% ../nbs/15_calibrate.ipynb #3b0febf2
 def profile_stats(k:Tensor, # float [L, T, kv_heads, D]: keys of each attention layer at T positions

@@ -137,7 +137,7 @@ def get_geometry(name:str) -> Geometry:
         raise ValueError(f"unknown model geometry {name!r}; presets: {', '.join(GEOMETRIES)}")
     return GEOMETRIES[name]
 
-# %% ../nbs/00_sizing.ipynb #a590e2fa
+# %% ../nbs/00_sizing.ipynb #681410e6
 @dataclass(slots=True, frozen=True)
 class Rate:
     "A layout known only by its byte rate: `nbytes` per block of `values` values (e.g. plain fp8: 1 per 1)."
@@ -175,6 +175,7 @@ def kv_formats(head_dim:int|None=None) -> list[str]:
     if head_dim is not None: names = [n for n in names if head_dim in codec_class(n).head_dims]
     return sorted(names, key=lambda n: (-codec_class(n).row_bytes_for(head_dim or 256), n))
 
+# %% ../nbs/00_sizing.ipynb #c923f60d
 _KEY_FORMATS_FORM = "'LAYER=FORMAT[,LAYER=FORMAT...]' with model layer ids, e.g. '5=tbq3,11=tbq3'"
 
 def key_format_items(spec) -> list:
@@ -213,6 +214,7 @@ def key_formats_str(pairs:tuple) -> str:
     "How plan lines and names show per-layer key formats: '5:tbq3,11:tbq3' ('' for none)."
     return ",".join(f"{l}:{f}" for l, f in pairs)
 
+# %% ../nbs/00_sizing.ipynb #000121e7
 @dataclass(frozen=True)
 class CacheLayout:
     "Each full-attention layer's key format and value format: the one reading of kv.format, kv.key_formats and kv.value_formats that sizing, the pool (so the runner), `HQKVCache` and the quality variants use."
@@ -254,6 +256,7 @@ class CacheLayout:
         return ((f" key_formats={key_formats_str(self.key_formats)}" if self.key_formats else "") +
                 (f" value_formats={key_formats_str(self.value_formats)}" if self.value_formats else ""))
 
+# %% ../nbs/00_sizing.ipynb #2e6668c1
 def bytes_per_token(geometry:Geometry, # a `Geometry` or a preset name
                     fmt,               # a registered format name, a `Rate`, or a `CacheLayout` of the geometry
                     key_formats=None,  # per-layer key formats ({layer: format}, 'LAYER=FORMAT,...'): those layers' keys in their own format
@@ -263,7 +266,6 @@ def bytes_per_token(geometry:Geometry, # a `Geometry` or a preset name
     g = get_geometry(geometry)
     lay = fmt if isinstance(fmt, CacheLayout) else CacheLayout.for_geometry(g, fmt, key_formats, value_formats)
     return lay.bytes_per_token(g.kv_heads)
-
 
 # %% ../nbs/00_sizing.ipynb #bbb755ea
 @dataclass(slots=True, frozen=True)
