@@ -11,6 +11,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Hashable
+from fastcore.basics import patch
 from .pool import KVPool
 
 # %% auto #0
@@ -150,7 +151,7 @@ def pool_figure(samples,                 # `PoolSample`s in step order (e.g. `Po
     bx.legend(loc="lower left", bbox_to_anchor=(0, 1.06), ncols=3, fontsize=8, frameon=False, borderaxespad=0, handlelength=1.2)
     return fig
 
-# %% ../nbs/60_monitor.ipynb #90567a76
+# %% ../nbs/60_monitor.ipynb #64db9fd8
 def _as_pool(source) -> KVPool:
     if isinstance(source, KVPool): return source
     pool = getattr(source, "pool", None)
@@ -217,85 +218,66 @@ class PoolMonitor:
         p = self.pool
         return f"PoolMonitor({p.geometry.name}, {p.kv_format}, {p.num_pages} pages, {len(self.history)} samples)"
 
-    # drawing
-    def figure(self,
-               at:int|None=None):   # step whose live requests the right panel shows (default: the latest)
-        "A matplotlib Figure of the history (bands over time, pages per live request), captioned with the plan line."
-        return pool_figure(self.history, caption=self.pool.plan_line(), at=at, max_bars=self.max_bars)
+# %% ../nbs/60_monitor.ipynb #b3296748
+@patch
+def figure(self:PoolMonitor,
+           at:int|None=None):   # step whose live requests the right panel shows (default: the latest)
+    "A matplotlib Figure of the history (bands over time, pages per live request), captioned with the plan line."
+    return pool_figure(self.history, caption=self.pool.plan_line(), at=at, max_bars=self.max_bars)
 
-    def png(self, at:int|None=None, dpi:int=100) -> bytes:
-        "The figure as PNG bytes."
-        buf = io.BytesIO()
-        self.figure(at).savefig(buf, format="png", dpi=dpi)
-        return buf.getvalue()
+@patch
+def png(self:PoolMonitor, at:int|None=None, dpi:int=100) -> bytes:
+    "The figure as PNG bytes."
+    buf = io.BytesIO()
+    self.figure(at).savefig(buf, format="png", dpi=dpi)
+    return buf.getvalue()
 
-    def save_png(self,
-                 path,                # where to write (parent folders are created)
-                 at:int|None=None,    # step whose live requests the right panel shows (default: the latest)
-                 dpi:int=120):        # resolution
-        "Write the figure to a PNG file; returns the path."
-        path = Path(path)
-        if path.suffix.lower() != ".png": raise ValueError(f"save_png writes PNG: the path should end in .png, got {str(path)!r}")
-        data = self.png(at, dpi)   # draw first: a bad `at` leaves no file behind
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-        return path
+@patch
+def save_png(self:PoolMonitor,
+             path,                # where to write (parent folders are created)
+             at:int|None=None,    # step whose live requests the right panel shows (default: the latest)
+             dpi:int=120):        # resolution
+    "Write the figure to a PNG file; returns the path."
+    path = Path(path)
+    if path.suffix.lower() != ".png": raise ValueError(f"save_png writes PNG: the path should end in .png, got {str(path)!r}")
+    data = self.png(at, dpi)   # draw first: a bad `at` leaves no file behind
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
 
-    def _repr_png_(self): return self.png()
+@patch
+def _repr_png_(self:PoolMonitor): return self.png()
 
-    # live view
-    def widget(self,
-               min_interval:float=0.5,   # least seconds between redraws that `sample()` triggers
-               max_share:float=0.2,      # most of the wall time redraws may take: after a redraw of d seconds the next waits d*(1/max_share - 1)
-               dpi:int=80):              # resolution of the live image
-        "An ipywidgets VBox (image + status line) that redraws as samples arrive."
-        try: import ipywidgets as W
-        except ImportError: raise ImportError("the live monitor needs ipywidgets: pip install 'hqkv[notebook]'") from None
-        if isinstance(min_interval, bool) or not isinstance(min_interval, (int, float)) or min_interval < 0:
-            raise ValueError(f"min_interval must be a number of seconds >= 0, got {min_interval!r}")
-        if isinstance(max_share, bool) or not isinstance(max_share, (int, float)) or not 0 < max_share <= 1:
-            raise ValueError(f"max_share must be a fraction in (0, 1], got {max_share!r}")
-        self._min_interval, self._max_share, self._dpi = float(min_interval), float(max_share), dpi
-        img, status = W.Image(format="png"), W.HTML()
-        self._view, self._drawn_n = (img, status), -1
-        self.refresh()
-        return _widget_class()(children=[img, status], monitor=self)
+# %% ../nbs/60_monitor.ipynb #737673bf
+@patch
+def widget(self:PoolMonitor,
+           min_interval:float=0.5,   # least seconds between redraws that `sample()` triggers
+           max_share:float=0.2,      # most of the wall time redraws may take: after a redraw of d seconds the next waits d*(1/max_share - 1)
+           dpi:int=80):              # resolution of the live image
+    "An ipywidgets VBox (image + status line) that redraws as samples arrive."
+    try: import ipywidgets as W
+    except ImportError: raise ImportError("the live monitor needs ipywidgets: pip install 'hqkv[notebook]'") from None
+    if isinstance(min_interval, bool) or not isinstance(min_interval, (int, float)) or min_interval < 0:
+        raise ValueError(f"min_interval must be a number of seconds >= 0, got {min_interval!r}")
+    if isinstance(max_share, bool) or not isinstance(max_share, (int, float)) or not 0 < max_share <= 1:
+        raise ValueError(f"max_share must be a fraction in (0, 1], got {max_share!r}")
+    self._min_interval, self._max_share, self._dpi = float(min_interval), float(max_share), dpi
+    img, status = W.Image(format="png"), W.HTML()
+    self._view, self._drawn_n = (img, status), -1
+    self.refresh()
+    return _widget_class()(children=[img, status], monitor=self)
 
-    def refresh(self):
-        "Redraw the widget now (no-op without one, or when nothing was sampled since the last redraw)."
-        if self._view is None or self._drawn_n == self._n: return
-        t0 = time.monotonic()
-        img, status = self._view
-        img.value = self.png(dpi=self._dpi)
-        s = self.last
-        status.value = f"<code>{_fig_summary(s) if s else 'no samples yet'}</code>"
-        t1 = time.monotonic()
-        self._drawn_n, self._next_draw = self._n, t1 + max(self._min_interval, (t1 - t0) * (1 / self._max_share - 1))
-
-    # engine hook
-    def attach(self,
-               engine,          # an object with `.pool` (this monitor's pool) and an `on_step(callback)` hook
-               every:int=1):    # sample after every `every`-th step
-        "Sample after every `every`-th engine step, through the engine's `on_step(callback)` hook; returns self."
-        hook = getattr(engine, "on_step", None)
-        if not callable(hook):
-            raise TypeError(f"{type(engine).__name__} has no on_step(callback) hook: call monitor.sample() in your step loop instead")
-        if _as_pool(engine) is not self.pool: raise ValueError("the engine's pool is not the pool this monitor watches")
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1: raise ValueError(f"every must be an int >= 1, got {every!r}")
-        self.detach()
-        self.source = engine   # follow engine.pool from now on (reconfigure builds a new one)
-        steps = self.last.step if self.history else 0   # engine steps since attach, continuing the history's numbering
-        def on_step(*args, **kwargs):
-            nonlocal steps
-            steps += 1
-            if steps % every == 0: self.sample(steps)
-        remove = hook(on_step)
-        self._detach = remove if callable(remove) else None
-        return self
-
-    def detach(self):
-        "Stop sampling from the engine `attach` hooked (when its hook returned a remover)."
-        if self._detach is not None: self._detach(); self._detach = None
+@patch
+def refresh(self:PoolMonitor):
+    "Redraw the widget now (no-op without one, or when nothing was sampled since the last redraw)."
+    if self._view is None or self._drawn_n == self._n: return
+    t0 = time.monotonic()
+    img, status = self._view
+    img.value = self.png(dpi=self._dpi)
+    s = self.last
+    status.value = f"<code>{_fig_summary(s) if s else 'no samples yet'}</code>"
+    t1 = time.monotonic()
+    self._drawn_n, self._next_draw = self._n, t1 + max(self._min_interval, (t1 - t0) * (1 / self._max_share - 1))
 
 _WIDGET_CLASS = None
 def _widget_class():
@@ -309,3 +291,30 @@ def _widget_class():
             def __repr__(self): return f"PoolMonitorWidget({self.monitor!r})"
         _WIDGET_CLASS = PoolMonitorWidget
     return _WIDGET_CLASS
+
+# %% ../nbs/60_monitor.ipynb #00deb302
+@patch
+def attach(self:PoolMonitor,
+           engine,          # an object with `.pool` (this monitor's pool) and an `on_step(callback)` hook
+           every:int=1):    # sample after every `every`-th step
+    "Sample after every `every`-th engine step, through the engine's `on_step(callback)` hook; returns self."
+    hook = getattr(engine, "on_step", None)
+    if not callable(hook):
+        raise TypeError(f"{type(engine).__name__} has no on_step(callback) hook: call monitor.sample() in your step loop instead")
+    if _as_pool(engine) is not self.pool: raise ValueError("the engine's pool is not the pool this monitor watches")
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1: raise ValueError(f"every must be an int >= 1, got {every!r}")
+    self.detach()
+    self.source = engine   # follow engine.pool from now on (reconfigure builds a new one)
+    steps = self.last.step if self.history else 0   # engine steps since attach, continuing the history's numbering
+    def on_step(*args, **kwargs):
+        nonlocal steps
+        steps += 1
+        if steps % every == 0: self.sample(steps)
+    remove = hook(on_step)
+    self._detach = remove if callable(remove) else None
+    return self
+
+@patch
+def detach(self:PoolMonitor):
+    "Stop sampling from the engine `attach` hooked (when its hook returned a remover)."
+    if self._detach is not None: self._detach(); self._detach = None
