@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 import torch
 from torch import Tensor
+from fastcore.basics import patch
 from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import Cache, CacheLayerMixin, DYNAMIC_LAYER_TYPE_MAPPING, get_layer_types_and_kwargs
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -113,7 +114,7 @@ class SeqKV:
         "Bytes of the pages in use (the pool's accounting) plus the window."
         return self.pages * PAGE_TOKENS * self.kv_heads * (self.k_codec.row_bytes + self.codec.row_bytes) + self.window.nbytes
 
-# %% ../nbs/70_hf.ipynb #7578f74d
+# %% ../nbs/70_hf.ipynb #02389007
 def _attn_impl(config)->str|None: return getattr(config, "_attn_implementation", None)
 
 class HQKVLayer(CacheLayerMixin):
@@ -175,42 +176,6 @@ class HQKVLayer(CacheLayerMixin):
         vs = torch.stack([v for _, v in old]).transpose(1, 2).to(value_states.dtype)
         return torch.cat([ks, key_states], 2), torch.cat([vs, value_states], 2)
 
-    def attend(self, query:Tensor, # [B, Hq, T, D]
-               key:Tensor, value:Tensor, # [B, kv_heads, T, D]: the chunk returned by `update`
-               attention_mask:Tensor|None, # None (causal, no pads) or bool [B or 1, 1, T, past + T]
-               scale:float)->Tensor: # [B, T, Hq, D] in query's dtype
-        "Paged path: attend each row's real tokens over its coded prefix and themselves, then store them."
-        if self._pending is None: raise RuntimeError("HQKVLayer.attend: no chunk is waiting (update was not called first)")
-        past, T = self._pending
-        B, Hq, _, D = query.shape
-        L, dev = past + T, query.device
-        if tuple(key.shape) != (B, self.kv_heads, T, D) or query.shape[2] != T:
-            raise ValueError(f"hqkv attention: query {tuple(query.shape)} and key {tuple(key.shape)} do not match the pending chunk of {T} tokens")
-        ar = torch.arange(T, device=dev)
-        if attention_mask is None: new = torch.ones(B, T, dtype=torch.bool, device=dev)
-        else:
-            m = attention_mask
-            if not isinstance(m, Tensor) or m.dtype != torch.bool or m.ndim != 4 or m.shape[0] not in (1, B) or m.shape[1] != 1 or tuple(m.shape[2:]) != (T, L):
-                raise ValueError(f"hqkv attention: expected a bool mask [{B}, 1, {T}, {L}], got {getattr(m, 'dtype', type(m).__name__)} {tuple(getattr(m, 'shape', ()))}")
-            m = m.expand(B, 1, T, L)[:, 0]
-            new = m[:, ar, past + ar]                             # a real token sees itself, a pad sees nothing
-        valid = torch.cat([self._valid, new], 1)
-        if attention_mask is not None:
-            causal = torch.arange(L, device=dev)[None, :] <= (past + ar)[:, None]
-            if not torch.equal(m, valid[:, None, :] & causal[None]):
-                raise ValueError("hqkv attention supports causal attention with padding only; this mask is something else "
-                                 "(bidirectional, sliding-window or packed sequences?)")
-        out = query.new_zeros(B, T, Hq, D)
-        for b, s in enumerate(self.seqs):
-            idx = new[b].nonzero()[:, 0]
-            if idx.numel() == 0: continue
-            q, k, v = query[b, :, idx].transpose(0, 1), self._keys(key[b, :, idx].transpose(0, 1)), value[b, :, idx].transpose(0, 1)
-            if self.profile is not None: q = self.profile.apply_query(self.slot, q)   # q' . k' = q . k - q . mu: same softmax
-            if self.decode_reads: out[b, idx] = s.attend_as_decode(q, k, v, scale).to(out.dtype)
-            else: out[b, idx] = s.attend(q, k, v, scale).to(out.dtype); s.append(k, v)
-        self._valid, self._pending = valid, None
-        return out
-
     def _keys(self, k:Tensor)->Tensor: return k if self.profile is None else self.profile.apply_keys(self.slot, k)
     def get_mask_sizes(self, query_length:int)->tuple[int, int]: return self.cumulative_length + query_length, 0
     def get_seq_length(self)->int: return self.cumulative_length
@@ -223,23 +188,67 @@ class HQKVLayer(CacheLayerMixin):
     def prefetch(self): pass
     def crop(self, tokens_to_remove:int):
         raise NotImplementedError("HQKVLayer cannot crop: the exact window's ring has already dropped what a rollback needs")
-    def _select(self, idx:list):
-        seen, seqs = set(), []
-        for i in idx: seqs.append(self.seqs[i].clone() if i in seen else self.seqs[i]); seen.add(i)
-        self.seqs = seqs
-        self._valid = self._valid[torch.tensor(idx, dtype=torch.long, device=self._valid.device)]
-    def reorder_cache(self, beam_idx:torch.LongTensor):
-        "Beam search: keep the rows `beam_idx` (duplicates are copied)."
-        if self.is_initialized: self._select(beam_idx.tolist())
-    def batch_repeat_interleave(self, repeats:int):
-        if self.is_initialized: self._select([i for i in range(len(self.seqs)) for _ in range(repeats)])
-    def batch_select_indices(self, indices:Tensor):
-        if self.is_initialized: self._select(torch.as_tensor(indices).reshape(-1).tolist())
     @property
     def nbytes(self)->int: return sum(s.nbytes for s in self.seqs)
     def __repr__(self):
         keys = f", keys {self.k_codec.name}" if self.k_codec is not self.codec else ""
         return f"HQKVLayer({self.codec.name}{keys}, window={self.sinks}+{self.recent}, path={self.path})"
+
+# %% ../nbs/70_hf.ipynb #6ac139dd
+@patch
+def attend(self:HQKVLayer, query:Tensor, # [B, Hq, T, D]
+           key:Tensor, value:Tensor, # [B, kv_heads, T, D]: the chunk returned by `update`
+           attention_mask:Tensor|None, # None (causal, no pads) or bool [B or 1, 1, T, past + T]
+           scale:float)->Tensor: # [B, T, Hq, D] in query's dtype
+    "Paged path: attend each row's real tokens over its coded prefix and themselves, then store them."
+    if self._pending is None: raise RuntimeError("HQKVLayer.attend: no chunk is waiting (update was not called first)")
+    past, T = self._pending
+    B, Hq, _, D = query.shape
+    L, dev = past + T, query.device
+    if tuple(key.shape) != (B, self.kv_heads, T, D) or query.shape[2] != T:
+        raise ValueError(f"hqkv attention: query {tuple(query.shape)} and key {tuple(key.shape)} do not match the pending chunk of {T} tokens")
+    ar = torch.arange(T, device=dev)
+    if attention_mask is None: new = torch.ones(B, T, dtype=torch.bool, device=dev)
+    else:
+        m = attention_mask
+        if not isinstance(m, Tensor) or m.dtype != torch.bool or m.ndim != 4 or m.shape[0] not in (1, B) or m.shape[1] != 1 or tuple(m.shape[2:]) != (T, L):
+            raise ValueError(f"hqkv attention: expected a bool mask [{B}, 1, {T}, {L}], got {getattr(m, 'dtype', type(m).__name__)} {tuple(getattr(m, 'shape', ()))}")
+        m = m.expand(B, 1, T, L)[:, 0]
+        new = m[:, ar, past + ar]                             # a real token sees itself, a pad sees nothing
+    valid = torch.cat([self._valid, new], 1)
+    if attention_mask is not None:
+        causal = torch.arange(L, device=dev)[None, :] <= (past + ar)[:, None]
+        if not torch.equal(m, valid[:, None, :] & causal[None]):
+            raise ValueError("hqkv attention supports causal attention with padding only; this mask is something else "
+                             "(bidirectional, sliding-window or packed sequences?)")
+    out = query.new_zeros(B, T, Hq, D)
+    for b, s in enumerate(self.seqs):
+        idx = new[b].nonzero()[:, 0]
+        if idx.numel() == 0: continue
+        q, k, v = query[b, :, idx].transpose(0, 1), self._keys(key[b, :, idx].transpose(0, 1)), value[b, :, idx].transpose(0, 1)
+        if self.profile is not None: q = self.profile.apply_query(self.slot, q)   # q' . k' = q . k - q . mu: same softmax
+        if self.decode_reads: out[b, idx] = s.attend_as_decode(q, k, v, scale).to(out.dtype)
+        else: out[b, idx] = s.attend(q, k, v, scale).to(out.dtype); s.append(k, v)
+    self._valid, self._pending = valid, None
+    return out
+
+# %% ../nbs/70_hf.ipynb #859a9a88
+@patch
+def _select(self:HQKVLayer, idx:list):
+    seen, seqs = set(), []
+    for i in idx: seqs.append(self.seqs[i].clone() if i in seen else self.seqs[i]); seen.add(i)
+    self.seqs = seqs
+    self._valid = self._valid[torch.tensor(idx, dtype=torch.long, device=self._valid.device)]
+@patch
+def reorder_cache(self:HQKVLayer, beam_idx:torch.LongTensor):
+    "Beam search: keep the rows `beam_idx` (duplicates are copied)."
+    if self.is_initialized: self._select(beam_idx.tolist())
+@patch
+def batch_repeat_interleave(self:HQKVLayer, repeats:int):
+    if self.is_initialized: self._select([i for i in range(len(self.seqs)) for _ in range(repeats)])
+@patch
+def batch_select_indices(self:HQKVLayer, indices:Tensor):
+    if self.is_initialized: self._select(torch.as_tensor(indices).reshape(-1).tolist())
 
 # %% ../nbs/70_hf.ipynb #9a30ff13
 def hqkv_attention(module, # the attention module (transformers passes it first)
