@@ -179,7 +179,7 @@ def _eval_run(args)->int:
 
 register_command("eval", "measure a KV format against the bf16 oracle on real text: kld (KLD, top-1, delta NLL) or niah (pass-key retrieval)", _eval_setup, _eval_run)
 
-# %% ../nbs/42a_commands.ipynb #b7d7fbe4
+# %% ../nbs/42a_commands.ipynb #f4c6e777
 def _calibrate_setup(p:argparse.ArgumentParser):
     from hqkv.calibrate import MODES
     from hqkv.bitplan import CANDIDATES
@@ -198,6 +198,7 @@ def _calibrate_setup(p:argparse.ArgumentParser):
     g.add_argument("--plan-context", type=int, default=4096, help="tokens per calibration window (default: 4096)")
     g.add_argument("--plan-only", action="store_true", help="keep the model's profile (--out, else the one key_profile=auto finds) and only add the plan")
 
+# %% ../nbs/42a_commands.ipynb #72b98559
 def _first_tokens(ids:list, n:int|None, limit:int, what:str) -> list:
     "The first `n` ids (all when None), refused beyond the model's context."
     if n is not None:
@@ -240,6 +241,7 @@ def _calibrate_plan(args, model, prof, text:str, tf:Path, cfg):
                         chunk=min(1024, args.plan_context), score_last=min(1024, args.plan_context), source=tf.name, log=None if args.json else print)
     return prof.with_plan(bp)
 
+# %% ../nbs/42a_commands.ipynb #505e6140
 def _check_out(out:Path, force:bool):
     "Refuse an --out that cannot be written, or that holds a file that is not a key profile (unless --force)."
     from hqkv.calibrate import KeyProfile

@@ -114,7 +114,7 @@ class SeqKV:
         "Bytes of the pages in use (the pool's accounting) plus the window."
         return self.pages * PAGE_TOKENS * self.kv_heads * (self.k_codec.row_bytes + self.codec.row_bytes) + self.window.nbytes
 
-# %% ../nbs/70_hf.ipynb #02389007
+# %% ../nbs/70_hf.ipynb #78d99462
 def _attn_impl(config)->str|None: return getattr(config, "_attn_implementation", None)
 
 class HQKVLayer(CacheLayerMixin):
@@ -194,7 +194,7 @@ class HQKVLayer(CacheLayerMixin):
         keys = f", keys {self.k_codec.name}" if self.k_codec is not self.codec else ""
         return f"HQKVLayer({self.codec.name}{keys}, window={self.sinks}+{self.recent}, path={self.path})"
 
-# %% ../nbs/70_hf.ipynb #6ac139dd
+# %% ../nbs/70_hf.ipynb #1fd5bad8
 @patch
 def attend(self:HQKVLayer, query:Tensor, # [B, Hq, T, D]
            key:Tensor, value:Tensor, # [B, kv_heads, T, D]: the chunk returned by `update`
@@ -232,7 +232,7 @@ def attend(self:HQKVLayer, query:Tensor, # [B, Hq, T, D]
     self._valid, self._pending = valid, None
     return out
 
-# %% ../nbs/70_hf.ipynb #859a9a88
+# %% ../nbs/70_hf.ipynb #03d674e2
 @patch
 def _select(self:HQKVLayer, idx:list):
     seen, seqs = set(), []

@@ -151,7 +151,7 @@ def pool_figure(samples,                 # `PoolSample`s in step order (e.g. `Po
     bx.legend(loc="lower left", bbox_to_anchor=(0, 1.06), ncols=3, fontsize=8, frameon=False, borderaxespad=0, handlelength=1.2)
     return fig
 
-# %% ../nbs/60_monitor.ipynb #64db9fd8
+# %% ../nbs/60_monitor.ipynb #2d7986c1
 def _as_pool(source) -> KVPool:
     if isinstance(source, KVPool): return source
     pool = getattr(source, "pool", None)
@@ -218,7 +218,7 @@ class PoolMonitor:
         p = self.pool
         return f"PoolMonitor({p.geometry.name}, {p.kv_format}, {p.num_pages} pages, {len(self.history)} samples)"
 
-# %% ../nbs/60_monitor.ipynb #b3296748
+# %% ../nbs/60_monitor.ipynb #e0fdf4c6
 @patch
 def figure(self:PoolMonitor,
            at:int|None=None):   # step whose live requests the right panel shows (default: the latest)
@@ -248,7 +248,7 @@ def save_png(self:PoolMonitor,
 @patch
 def _repr_png_(self:PoolMonitor): return self.png()
 
-# %% ../nbs/60_monitor.ipynb #737673bf
+# %% ../nbs/60_monitor.ipynb #da6d0747
 @patch
 def widget(self:PoolMonitor,
            min_interval:float=0.5,   # least seconds between redraws that `sample()` triggers
@@ -292,7 +292,7 @@ def _widget_class():
         _WIDGET_CLASS = PoolMonitorWidget
     return _WIDGET_CLASS
 
-# %% ../nbs/60_monitor.ipynb #00deb302
+# %% ../nbs/60_monitor.ipynb #f66a9a05
 @patch
 def attach(self:PoolMonitor,
            engine,          # an object with `.pool` (this monitor's pool) and an `on_step(callback)` hook
