@@ -219,7 +219,7 @@ class HFModel:
         return out
 
 
-# %% ../nbs/50_quality.ipynb #aea98b99
+# %% ../nbs/50_quality.ipynb #e877180f
 @dataclass(slots=True)
 class TokenScores:
     "Per scored position of a window: the variant's next-token distribution against the oracle's."
@@ -246,6 +246,7 @@ def _kl_rows(lp:Tensor, lq:Tensor, block:int=128)->Tensor:
     "KL(p || q) per row from log-probabilities [n, V], a block of rows at a time, summed in float64."
     return torch.cat([(lp[i:i + block].exp() * (lp[i:i + block] - lq[i:i + block])).sum(-1, dtype=torch.float64) for i in range(0, len(lp), block)])
 
+# %% ../nbs/50_quality.ipynb #362e2cbc
 def _variants(variants)->list:
     vs = [KVVariant.parse(v) if isinstance(v, str) else v for v in variants]
     if not vs or not all(isinstance(v, KVVariant) for v in vs): raise TypeError(f"variants must be KVVariants or their names, got {variants!r}")
@@ -267,6 +268,7 @@ def _profile_for(model, vs, profile):
     p.check_matches(ident)
     return p
 
+# %% ../nbs/50_quality.ipynb #e6a8f6cd
 REGIMES = ("decode", "prefill", "decode-steps")   # how scored positions read the keys: as decode steps (in one forward), as prefill chunks, or one token per forward
 
 def _check_regime(regime):
@@ -386,7 +388,7 @@ def niah_score(model, # a `Gemma3`
     return dict(retrieved=bool((margins > 0).all()), margin=float(margins.min()), digits=int((margins > 0).sum()),
                 logp=float(lg.log_softmax(-1).gather(1, ans).sum()), predicted="".join(model.tokenizer.piece(int(t)) for t in lg.argmax(-1)))
 
-# %% ../nbs/50_quality.ipynb #3a39814b
+# %% ../nbs/50_quality.ipynb #81a9b8f3
 ORACLE = "bf16 (oracle)"   # the oracle's name in records and tables
 
 @functools.lru_cache(maxsize=4)
@@ -399,6 +401,7 @@ def text_ids(model, # a `Gemma3` (its tokenizer)
     "Token ids (no <bos>) of an evaluation text; cached per process (the whole KJV takes ~10 s to tokenize)."
     return list(_text_ids(model, name, None if path is None else str(path)))
 
+# %% ../nbs/50_quality.ipynb #db5d9213
 def run_kld(model, # a `Gemma3`
             ids:list, # the text's token ids (`text_ids`)
             contexts:list, # window lengths, e.g. [4096, 8192]
@@ -429,6 +432,7 @@ def run_kld(model, # a `Gemma3`
             if log: log(f"kld context {n} window {w}: " + ", ".join(f"{r['variant']} {r['kld']:.4f}" for r in out[-len(vs):]) + f" ({dt:.0f} s)")
     return out
 
+# %% ../nbs/50_quality.ipynb #ad2cb544
 def run_niah(model, # a `Gemma3`
              filler:list, # haystack token ids (`text_ids`)
              contexts:list, # prompt lengths
@@ -459,6 +463,7 @@ def run_niah(model, # a `Gemma3`
                 if log: log(f"niah {n} depth {d} key {key}: " + ", ".join(f"{r['variant']} {'ok' if r['retrieved'] else 'MISS'} {r['margin']:+.2f}" for r in out[-len(vs):]))
     return out
 
+# %% ../nbs/50_quality.ipynb #c9881e7f
 def _fmt_of(name:str)->tuple: # (format, per-layer key formats, per-layer value formats)
     if name == ORACLE: return "bf16", (), ()
     v = KVVariant.parse(name); return v.kv_format, v.key_formats, v.value_formats
