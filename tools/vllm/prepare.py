@@ -20,7 +20,8 @@ def _profile(lm, name):
     if name in PROFILE_FILES: return str(DATA_DIR / PROFILE_FILES[name])   # the shipped one (Gemma 3 270M: its 3 global layers)
     p = find_profile(lm.identity)
     if p is None:
-        subprocess.run([sys.executable, "-m", "hqkv.cli", "calibrate", "--model", name, "--text-file", str(CALIB_TEXT)], check=True)
+        # the first 8,192 tokens of the calibration text (the whole of it is 12.7K tokens, past SmolLM2's 8K context)
+        subprocess.run([sys.executable, "-m", "hqkv.cli", "calibrate", "--model", name, "--text-file", str(CALIB_TEXT), "--tokens", "8192"], check=True)
         p = find_profile(lm.identity)
     from hqkv.calibrate import profile_path
     hits = sorted(profile_path(lm.identity).parent.glob(f"*-{lm.identity.weights_sha256[:12]}-{lm.identity.config_sha256[:8]}.pt"))
