@@ -181,6 +181,8 @@ def attend(query:Tensor, # float [>= num_tokens, Hq, D] (profiled when a key pro
     slots = None if window is None else torch.arange(batch.prefix_lens.shape[0], dtype=torch.int32)
     if kernels == "triton":                     # hqkv's prefill kernel reads vLLM's strided page views as they are
         from hqkv.kernels.prefill import prefill
+        bs = batch.block_size
+        if bs & (bs - 1): raise ValueError(f"hqkv vllm: the Triton kernels read pages of a power-of-two block size, got {bs} (vLLM's --block-size)")
         dev = kv_cache.device; on = lambda t: None if t is None else t.to(dev)
         return prefill(query[:T], key[:T], value[:T], on(batch.qo_indptr), k_pages, v_pages, on(batch.indptr), on(batch.indices),
                        on(batch.prefix_lens), codec, scale=scale, window=window, window_slots=on(slots))
