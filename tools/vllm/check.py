@@ -102,8 +102,8 @@ def cmd_capacity(a):
         g = _geometry(d)
         geo = Geometry(name, layers=g["layers"], attn_layers=g["layers"], kv_heads=g["kv_heads"], head_dim=g["head_dim"])
         plan = {f: bytes_per_token(geo, f) for f in ("bf16", "hq-e8-2b")}
-        variants = [("vllm stock, fp32 model (fp32 cache)", None, "float32", None, 0), ("vllm stock, bf16 model (bf16 cache)", None, "bfloat16", None, 0),
-                    ("hqkv bf16 rows", "bf16", "float32", None, 0), ("hqkv hq-e8-2b rows", "hq-e8-2b", "float32", None, 0),
+        variants = [("vllm stock, fp32 model (fp32 cache)", None, "float32", None, NO_WINDOW), ("vllm stock, bf16 model (bf16 cache)", None, "bfloat16", None, NO_WINDOW),
+                    ("hqkv bf16 rows", "bf16", "float32", None, NO_WINDOW), ("hqkv hq-e8-2b rows", "hq-e8-2b", "float32", None, NO_WINDOW),
                     (f"hqkv hq-e8-2b rows + exact window {WINDOW[0]}+{WINDOW[1]}", "hq-e8-2b", "float32", None, WINDOW)]
         if g["sliding_layers"]: variants.append(("hqkv hq-e8-2b full layers + bf16 sliding layers", "hq-e8-2b", "float32", "bf16", NO_WINDOW))
         for label, fmt, dtype, sliding, window in variants:
@@ -113,8 +113,8 @@ def cmd_capacity(a):
             cap = _capacity(llm)
             cap["vllm_reported_kv_cache_tokens"] = _reported_tokens(log)
             sb, wb = cap["block_size"], None
-            if sliding or any(window):      # vLLM reports the smallest group's block size; the full pages stay 128 tokens
-                cap["block_size"] = 128; cap["kv_cache_tokens"] = cap["num_gpu_blocks"] * 128
+            if sliding or any(window):      # vLLM reports the smallest group's block size; the full pages (and coded sliding ones) stay 128 tokens
+                cap["block_size"] = sb = 128; cap["kv_cache_tokens"] = cap["num_gpu_blocks"] * 128
             if sliding: sb = cap["sliding_block_size"] = sliding_block_size(128, fmt, sliding, g["head_dim"])
             if any(window): wb = cap["window_block_size"] = sliding_block_size(128, fmt, "bf16", g["head_dim"])
             rows.append(dict(model=name, variant=label, kv_format=fmt or "vllm", sliding_format=sliding, window=list(window), dtype=dtype, init_seconds=init_s,
