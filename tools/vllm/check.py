@@ -148,9 +148,10 @@ def cmd_greedy(a):
     for label, fmt, prof, sw in (("vllm stock", None, None, None), ("hqkv bf16 rows", "bf16", None, None), ("hqkv hq-e8-2b", "hq-e8-2b", None, None),
                                  ("hqkv hq-e8-2b+profile", "hq-e8-2b", a.profile, None),
                                  ("hqkv hq-e8-2b+profile, bf16 sliding layers", "hq-e8-2b", a.profile, "bf16"),
-                                 (f"hqkv hq-e8-2b+profile+window {WINDOW[0]}+{WINDOW[1]}", "hq-e8-2b", a.profile, None)):
+                                 (f"hqkv hq-e8-2b+profile+window {WINDOW[0]}+{WINDOW[1]}", "hq-e8-2b", a.profile, None),
+                                 (f"hqkv hq-e8-2b+profile+window {WINDOW[0]}+{WINDOW[1]}, bf16 sliding layers", "hq-e8-2b", a.profile, "bf16")):
         if "profile" in label and not a.profile: continue
-        if sw and not hybrid: continue
+        if sw and not hybrid: continue                     # a hybrid's own engine setting: sliding layers exact, the window on the global ones
         llm, init_s = _llm(a.model, fmt, prof, sliding=sw, window=WINDOW if "window" in label else NO_WINDOW)
         t = time.time(); ids, texts = _greedy(llm, a.tokens)
         res[label] = dict(ids=ids, texts=texts, init_seconds=init_s, generate_seconds=round(time.time() - t, 1), **_capacity(llm))
