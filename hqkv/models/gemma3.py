@@ -14,6 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['MODEL_PACKAGE', 'gguf_path', 'GGUFTensor', 'GGUFFile', 'Gemma3Config', 'config_from_gguf', 'Gemma3Tokenizer',
@@ -308,7 +309,7 @@ class SeqState:
     kv: GlobalKV
     pos: int = 0   # tokens processed so far
 
-# %% ../../nbs/40_models.gemma3.ipynb #667c1e61
+# %% ../../nbs/40_models.gemma3.ipynb #5741673b
 def _empty(*shape): return nn.Parameter(torch.empty(*shape), requires_grad=False)   # filled by the loader
 
 class Gemma3Layer(nn.Module):
@@ -363,55 +364,59 @@ class Gemma3(nn.Module):
             out.append(t)
         return list(states), out
 
-    @torch.no_grad()
-    def forward(self, states:list, # `SeqState`s (or one)
-                ids:list, # one chunk of token ids per state (1-D ints)
-                logits:str|int='last', # 'last' ([V] per sequence), 'all' ([T, V]), 'none', or n: the last n tokens ([n, V])
-               )->list: # float32 logits per sequence
-        "Append each chunk to its sequence and return logits."
-        if not (logits in ('last', 'all', 'none') or (isinstance(logits, int) and not isinstance(logits, bool) and logits > 0)):
-            raise ValueError(f"logits must be 'last', 'all', 'none' or a positive int, got {logits!r}")
-        states, ids = self._check(states, ids)
-        c, lens, dev = self.cfg, [len(t) for t in ids], self.embed.device
-        pos = [torch.arange(s.pos, s.pos + n, device=dev) for s, n in zip(states, lens)]
-        allpos = torch.cat(pos)
-        rope = {glob: rope_cos_sin(allpos, c.head_dim, c.rope_theta_global if glob else c.rope_theta_local) for glob in (True, False)}
-        N, Hq, Hkv, D = len(allpos), c.num_heads, c.num_kv_heads, c.head_dim
-        x = F.embedding(torch.cat(ids).to(dev), self.embed) * torch.tensor(c.hidden_size ** 0.5, dtype=self.dtype, device=dev)
-        for L in self.layers:
-            h = rms_norm(x, L.attn_norm, c.rms_eps)
-            cos, sin = rope[L.is_global]
-            q = apply_rope(rms_norm(F.linear(h, L.q_proj).view(N, Hq, D), L.q_norm, c.rms_eps), cos, sin)
-            k = apply_rope(rms_norm(F.linear(h, L.k_proj).view(N, Hkv, D), L.k_norm, c.rms_eps), cos, sin)
-            v = F.linear(h, L.v_proj).view(N, Hkv, D)
-            o, start = [], 0
-            for s, p, n in zip(states, pos, lens):
-                sl = slice(start, start + n); start += n
-                if L.is_global: o.append(s.kv.attend(L.idx, q[sl], k[sl], v[sl], p, c.scale))
-                else: o.append(s.ring.attend(self._ring_slot[L.idx], q[sl], k[sl], v[sl], p, c.scale))
-            x = x + rms_norm(F.linear(torch.cat(o).reshape(N, Hq * D), L.o_proj), L.post_attn_norm, c.rms_eps)
-            h = rms_norm(x, L.ffn_norm, c.rms_eps)
-            h = F.linear(F.gelu(F.linear(h, L.gate_proj), approximate='tanh') * F.linear(h, L.up_proj), L.down_proj)
-            x = x + rms_norm(h, L.post_ffn_norm, c.rms_eps)
-        for s, n in zip(states, lens): s.pos += n
-        if logits == 'none': return [None] * len(states)
-        ends = list(itertools.accumulate(lens))   # row after each sequence's last token (host ints: no device sync)
-        keep = [1 if logits == 'last' else n if logits == 'all' else min(logits, n) for n in lens]
-        sel = torch.tensor([i for e, k in zip(ends, keep) for i in range(e - k, e)], device=dev)
-        out = F.linear(rms_norm(x[sel], self.final_norm, c.rms_eps), self.embed).float()   # the tied LM head
-        return list(out) if logits == 'last' else list(out.split(keep))
+# %% ../../nbs/40_models.gemma3.ipynb #bf7a3dc5
+@patch
+@torch.no_grad()
+def forward(self:Gemma3, states:list, # `SeqState`s (or one)
+            ids:list, # one chunk of token ids per state (1-D ints)
+            logits:str|int='last', # 'last' ([V] per sequence), 'all' ([T, V]), 'none', or n: the last n tokens ([n, V])
+           )->list: # float32 logits per sequence
+    "Append each chunk to its sequence and return logits."
+    if not (logits in ('last', 'all', 'none') or (isinstance(logits, int) and not isinstance(logits, bool) and logits > 0)):
+        raise ValueError(f"logits must be 'last', 'all', 'none' or a positive int, got {logits!r}")
+    states, ids = self._check(states, ids)
+    c, lens, dev = self.cfg, [len(t) for t in ids], self.embed.device
+    pos = [torch.arange(s.pos, s.pos + n, device=dev) for s, n in zip(states, lens)]
+    allpos = torch.cat(pos)
+    rope = {glob: rope_cos_sin(allpos, c.head_dim, c.rope_theta_global if glob else c.rope_theta_local) for glob in (True, False)}
+    N, Hq, Hkv, D = len(allpos), c.num_heads, c.num_kv_heads, c.head_dim
+    x = F.embedding(torch.cat(ids).to(dev), self.embed) * torch.tensor(c.hidden_size ** 0.5, dtype=self.dtype, device=dev)
+    for L in self.layers:
+        h = rms_norm(x, L.attn_norm, c.rms_eps)
+        cos, sin = rope[L.is_global]
+        q = apply_rope(rms_norm(F.linear(h, L.q_proj).view(N, Hq, D), L.q_norm, c.rms_eps), cos, sin)
+        k = apply_rope(rms_norm(F.linear(h, L.k_proj).view(N, Hkv, D), L.k_norm, c.rms_eps), cos, sin)
+        v = F.linear(h, L.v_proj).view(N, Hkv, D)
+        o, start = [], 0
+        for s, p, n in zip(states, pos, lens):
+            sl = slice(start, start + n); start += n
+            if L.is_global: o.append(s.kv.attend(L.idx, q[sl], k[sl], v[sl], p, c.scale))
+            else: o.append(s.ring.attend(self._ring_slot[L.idx], q[sl], k[sl], v[sl], p, c.scale))
+        x = x + rms_norm(F.linear(torch.cat(o).reshape(N, Hq * D), L.o_proj), L.post_attn_norm, c.rms_eps)
+        h = rms_norm(x, L.ffn_norm, c.rms_eps)
+        h = F.linear(F.gelu(F.linear(h, L.gate_proj), approximate='tanh') * F.linear(h, L.up_proj), L.down_proj)
+        x = x + rms_norm(h, L.post_ffn_norm, c.rms_eps)
+    for s, n in zip(states, lens): s.pos += n
+    if logits == 'none': return [None] * len(states)
+    ends = list(itertools.accumulate(lens))   # row after each sequence's last token (host ints: no device sync)
+    keep = [1 if logits == 'last' else n if logits == 'all' else min(logits, n) for n in lens]
+    sel = torch.tensor([i for e, k in zip(ends, keep) for i in range(e - k, e)], device=dev)
+    out = F.linear(rms_norm(x[sel], self.final_norm, c.rms_eps), self.embed).float()   # the tied LM head
+    return list(out) if logits == 'last' else list(out.split(keep))
 
-    def greedy(self, ids, # prompt token ids
-               n:int, # new tokens to generate
-               state:SeqState|None=None, # default: a fresh `new_state()`
-              )->list: # the n generated ids
-        "Greedy continuation of a prompt, one sequence (a reference for tests; the engine does the real serving)."
-        state = self.new_state() if state is None else state
-        lg, out = self.forward([state], [ids])[0], []
-        for _ in range(n):
-            out.append(int(lg.argmax()))
-            lg = self.forward([state], [[out[-1]]])[0]
-        return out
+# %% ../../nbs/40_models.gemma3.ipynb #921be7b2
+@patch
+def greedy(self:Gemma3, ids, # prompt token ids
+           n:int, # new tokens to generate
+           state:SeqState|None=None, # default: a fresh `new_state()`
+          )->list: # the n generated ids
+    "Greedy continuation of a prompt, one sequence (a reference for tests; the engine does the real serving)."
+    state = self.new_state() if state is None else state
+    lg, out = self.forward([state], [ids])[0], []
+    for _ in range(n):
+        out.append(int(lg.argmax()))
+        lg = self.forward([state], [[out[-1]]])[0]
+    return out
 
 # %% ../../nbs/40_models.gemma3.ipynb #1292c7e2
 _GGUF_NAMES = dict(q_proj='attn_q', k_proj='attn_k', v_proj='attn_v', o_proj='attn_output', gate_proj='ffn_gate',
