@@ -75,7 +75,7 @@ def e8p_encode_reference(x:Tensor, # float [..., 8]
         out[i:i + 1024] = ((p << 8) | (sbits << 1) | s).to(torch.int32)
     return out.reshape(shp)
 
-# %% ../../nbs/13_codec.e8.ipynb #4b51ab41
+# %% ../../nbs/13_codec.e8.ipynb #8d0f0901
 _NET8 = ((0,2),(1,3),(4,6),(5,7),(0,4),(1,5),(2,6),(3,7),(0,1),(2,3),(4,5),(6,7),(2,4),(3,5),(1,4),(3,6),(1,2),(3,4),(5,6))
 _TABLES = {}
 
@@ -102,6 +102,7 @@ def _pack_idx(v:Tensor, idx8:Tensor)->Tensor:
     "Non-negative float32 [8, N] -> int32 keys with the coordinate index in the 3 low mantissa bits (order kept)."
     return (v.view(torch.int32) & ~7) | idx8
 
+# %% ../../nbs/13_codec.e8.ipynb #7a3c0173
 def _lattice(y:Tensor, T:dict):
     "Nearest point of D8 + 1/2 to each column of y [8, N]: (distance, pattern or -1 if not in the table, negative mask)."
     f = torch.floor(y)
@@ -117,6 +118,7 @@ def _lattice(y:Tensor, T:dict):
     p = T["lut"][_wsum(T["pw4"], r.abs().sub_(0.5).clamp_max_(3.0)).long()]
     return dist, torch.where(nr <= 12, p, -1), r < 0
 
+# %% ../../nbs/13_codec.e8.ipynb #27d6a535
 def _search(y:Tensor, T:dict):
     "Exact nearest codeword (one shift) for the columns of y [8, K]: (distance, pattern, negative mask)."
     u, neg = y.abs(), y < 0
@@ -151,6 +153,7 @@ def _search(y:Tensor, T:dict):
     neg[fj[fi], fi] ^= True
     return best, pidx, neg
 
+# %% ../../nbs/13_codec.e8.ipynb #1e2eaa3f
 def _encode_chunk(x:Tensor, T:dict)->tuple[Tensor, Tensor]:
     "x [N, 8] float32 -> int32 codewords [N] and squared distances [N]."
     N = x.shape[0]
