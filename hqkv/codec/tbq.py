@@ -9,6 +9,7 @@ from __future__ import annotations
 import math, os
 import torch
 from torch import Tensor
+from fastcore.basics import patch
 from . import Codec, register_codec, HEAD_DIMS
 from ..rotation import RandomHadamard
 
@@ -99,7 +100,7 @@ def tbq_block(head_dim:int)->int: # values per block
     small = [b for b in divs if b <= BLOCK]
     return small[-1] if small and small[-1] >= 64 else divs[-1]
 
-# %% ../../nbs/12_codec.tbq.ipynb #b87d0cff
+# %% ../../nbs/12_codec.tbq.ipynb #71c11203
 class TBQCodec(Codec):
     "Rotated scalar Lloyd-Max format: per block (128 values, or `tbq_block(D)`) one fp16 scale and `bits`-bit centroid indices after a block RHT."
     bits: int = 4                        # index width (set by each format)
@@ -148,44 +149,49 @@ class TBQCodec(Codec):
         "Inverse of `rotate`."
         return self.rht.inverse(self._blocks(x)).reshape(x.shape)
 
-    def _encode(self, x:Tensor)->Tensor:
-        n, (cents, mids) = x.shape[0], self._table(x.device)
-        y = self.rht.forward(x.reshape(n, self.n_blocks, self.block))    # [n, blocks, block], rotated
-        norm = torch.linalg.vector_norm(y, dim=-1, keepdim=True)
-        u = y / norm.clamp_min(torch.finfo(torch.float32).tiny)          # unit-norm blocks; zeros stay zeros
-        idx = torch.bucketize(u, mids)                                   # nearest centroid
-        if self.scale_mode == "mse":
-            q = cents[idx]
-            scale = norm * (u * q).sum(-1, keepdim=True) / (q * q).sum(-1, keepdim=True)
-        else: scale = norm
-        s16 = scale.to(torch.float16)
-        if not bool(torch.isfinite(s16).all()):
-            bad = float(norm[~torch.isfinite(s16)].flatten()[0])
-            raise ValueError(f"{self.name}.encode: a {self.block}-value block has norm {bad:.4g}, beyond the fp16 range of its stored scale ({_F16_MAX:g})")
-        return torch.cat((s16.view(torch.uint8), pack_indices(idx, self.bits)), dim=-1).reshape(n, self.row_bytes)
+# %% ../../nbs/12_codec.tbq.ipynb #ff4ed109
+@patch
+def _encode(self:TBQCodec, x:Tensor)->Tensor:
+    n, (cents, mids) = x.shape[0], self._table(x.device)
+    y = self.rht.forward(x.reshape(n, self.n_blocks, self.block))    # [n, blocks, block], rotated
+    norm = torch.linalg.vector_norm(y, dim=-1, keepdim=True)
+    u = y / norm.clamp_min(torch.finfo(torch.float32).tiny)          # unit-norm blocks; zeros stay zeros
+    idx = torch.bucketize(u, mids)                                   # nearest centroid
+    if self.scale_mode == "mse":
+        q = cents[idx]
+        scale = norm * (u * q).sum(-1, keepdim=True) / (q * q).sum(-1, keepdim=True)
+    else: scale = norm
+    s16 = scale.to(torch.float16)
+    if not bool(torch.isfinite(s16).all()):
+        bad = float(norm[~torch.isfinite(s16)].flatten()[0])
+        raise ValueError(f"{self.name}.encode: a {self.block}-value block has norm {bad:.4g}, beyond the fp16 range of its stored scale ({_F16_MAX:g})")
+    return torch.cat((s16.view(torch.uint8), pack_indices(idx, self.bits)), dim=-1).reshape(n, self.row_bytes)
 
-    def _lut(self, device)->Tensor:
-        "Centroids of every packed key: float32 [2**kb, kb/bits], kb = 8 (a byte: 2 or 4 indices) or 12 (half a tbq3 group: 4 indices)."
-        if device not in self._luts:
-            kb = 12 if self.bits == 3 else 8
-            keys = torch.arange(2 ** kb, dtype=torch.int64)[:, None]
-            idx = (keys >> (torch.arange(kb // self.bits) * self.bits)) & ((1 << self.bits) - 1)
-            self._luts[device] = self._table(device)[0][idx.to(device)].contiguous()
-        return self._luts[device]
+# %% ../../nbs/12_codec.tbq.ipynb #1a2fbc4b
+@patch
+def _lut(self:TBQCodec, device)->Tensor:
+    "Centroids of every packed key: float32 [2**kb, kb/bits], kb = 8 (a byte: 2 or 4 indices) or 12 (half a tbq3 group: 4 indices)."
+    if device not in self._luts:
+        kb = 12 if self.bits == 3 else 8
+        keys = torch.arange(2 ** kb, dtype=torch.int64)[:, None]
+        idx = (keys >> (torch.arange(kb // self.bits) * self.bits)) & ((1 << self.bits) - 1)
+        self._luts[device] = self._table(device)[0][idx.to(device)].contiguous()
+    return self._luts[device]
 
-    def _decode_rotated(self, rows:Tensor)->Tensor:
-        "One table row per byte (tbq4, tbq2) or per 12 bits (tbq3) instead of one gather per index: the same values."
-        n, lut = rows.shape[0], self._lut(rows.device)
-        r = rows.reshape(n, self.n_blocks, self.block_bytes(self.block))
-        scale = r[..., :2].contiguous().view(torch.float16).to(torch.float32)   # [n, blocks, 1]
-        p = r[..., 2:]
-        if self.bits == 3:                                                      # 3-byte groups = two 12-bit keys of 4 indices
-            b = p.reshape(n, self.n_blocks, -1, 3).to(torch.int32)
-            w = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16)
-            keys = torch.stack((w & 0xFFF, w >> 12), -1)
-        else: keys = p
-        vals = lut.index_select(0, keys.reshape(-1).long()).view(n, self.n_blocks, self.block)
-        return (vals * scale).reshape(n, self.head_dim)
+@patch
+def _decode_rotated(self:TBQCodec, rows:Tensor)->Tensor:
+    "One table row per byte (tbq4, tbq2) or per 12 bits (tbq3) instead of one gather per index: the same values."
+    n, lut = rows.shape[0], self._lut(rows.device)
+    r = rows.reshape(n, self.n_blocks, self.block_bytes(self.block))
+    scale = r[..., :2].contiguous().view(torch.float16).to(torch.float32)   # [n, blocks, 1]
+    p = r[..., 2:]
+    if self.bits == 3:                                                      # 3-byte groups = two 12-bit keys of 4 indices
+        b = p.reshape(n, self.n_blocks, -1, 3).to(torch.int32)
+        w = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16)
+        keys = torch.stack((w & 0xFFF, w >> 12), -1)
+    else: keys = p
+    vals = lut.index_select(0, keys.reshape(-1).long()).view(n, self.n_blocks, self.block)
+    return (vals * scale).reshape(n, self.head_dim)
 
 # %% ../../nbs/12_codec.tbq.ipynb #b2b2ae07
 @register_codec
