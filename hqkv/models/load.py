@@ -163,7 +163,7 @@ def geometry_of(config, # a transformers config
                     head_dim=head_dim_of(c), window_layers=win, window=(c.sliding_window or 0) if win else 0, linear_layers=lin,
                     linear_state_bytes=lin_bytes, attn_layer_ids=full, ring_value_bytes=vb, note=f"from the {c.model_type} config")
 
-# %% ../../nbs/16_models.load.ipynb #63f478f9
+# %% ../../nbs/16_models.load.ipynb #77a7c426
 @dataclass(slots=True)
 class LoadedLM:
     "A transformers causal LM as hqkv uses it."
@@ -199,6 +199,7 @@ def _resolve_spec(spec)->tuple: # (name, directory, gguf file name or None)
     raise ValueError(f"model {s!r} is not the bundled model ({DEFAULT_MODEL}), a packaged one ({', '.join(PACKAGED_MODELS)}), "
                      "a .gguf file, or a directory with config.json and safetensors")
 
+# %% ../../nbs/16_models.load.ipynb #84053f1d
 def converted_dir(gguf:Path)->Path:
     "Where `load_causal_lm` keeps a GGUF file's transformers conversion (keyed by its name, size, first and last MiB, and the transformers version)."
     import transformers
@@ -232,6 +233,7 @@ def _from_gguf(d:Path, gguf:str, name:str)->Path:
     finally: shutil.rmtree(tmp, ignore_errors=True)
     return out
 
+# %% ../../nbs/16_models.load.ipynb #c86b3cb3
 def load_causal_lm(spec, # a name, a .gguf file or a model directory
                    dtype:torch.dtype=torch.float32, # compute dtype
                    device="cpu",
