@@ -23,7 +23,7 @@ from .models.load import head_dim_of
 __all__ = ['PAGE_TOKENS', 'ATTN_NAME', 'SeqKV', 'HQKVLayer', 'hqkv_attention', 'register_hqkv_attention', 'use_hqkv_attention',
            'cache_key_profile', 'HQKVCache', 'cache_nbytes']
 
-# %% ../nbs/70_hf.ipynb #134970b1
+# %% ../nbs/70_hf.ipynb #e21343cb
 PAGE_TOKENS = 64          # tokens per page, as in the pool
 ATTN_NAME = "hqkv"        # the name of our attention function in transformers' AttentionInterface
 
@@ -73,30 +73,6 @@ class SeqKV:
         h = held[:, None, None]
         return self.k_codec.unrotate(torch.where(h, kw, k)), self.codec.unrotate(torch.where(h, vw, v))
 
-    def attend(self, q:Tensor, # [C, Hq, D]: a chunk's queries (original domain)
-               k:Tensor, v:Tensor, # [C, kv_heads, D]: the chunk's own exact K/V
-               scale:float)->Tensor: # [C, Hq, D] in q's dtype
-        "Causal attention of a chunk over the coded prefix, page by page (`paged_prefill`), and over itself."
-        i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=q.device)
-        P = self.pages
-        return paged_prefill(q, k, v, i32([0, q.shape[0]]), self.k_pages, self.v_pages, i32([0, P]),
-                             torch.arange(P, dtype=torch.int32, device=q.device), i32([self.n]), self._codecs,
-                             scale=scale, window=self.window, window_slots=i32([0]))
-
-    def attend_as_decode(self, q:Tensor, k:Tensor, v:Tensor, # as `attend`
-                         scale:float)->Tensor: # [C, Hq, D] in q's dtype
-        "Store the chunk, and attend as decode steps would read it: each query reads keys older than its own window from the codes (`hqkv.runner.decode_reads`)."
-        from hqkv.runner import decode_span, decode_reads, gqa_attention
-        P, n, R = self.n, q.shape[0], self.window.recent
-        kp, vp = self.decoded()                        # the prefix as the chunk's prefill reads it
-        self.append(k, v)
-        K, V = torch.cat([kp, k.float()]), torch.cat([vp, v.float()])
-        lo, hi = decode_span(P, n, self.window.sinks, R)
-        if hi == lo: return gqa_attention(q.float(), K, V, P, scale).to(q.dtype)
-        kx = self.k_codec.unrotate(self.k_codec.decode_rotated(self._rows(self.k_pages)[lo:hi]))
-        vx = self.codec.unrotate(self.codec.decode_rotated(self._rows(self.v_pages)[lo:hi]))
-        return gqa_attention(q.float(), torch.cat([K, kx]), torch.cat([V, vx]), P, scale, mask=decode_reads(P, n, lo, hi, R, q.device)).to(q.dtype)
-
     def clone(self)->SeqKV:
         "An independent copy (beam search duplicates sequences)."
         c = SeqKV.__new__(SeqKV)
@@ -113,6 +89,33 @@ class SeqKV:
     def used_nbytes(self)->int:
         "Bytes of the pages in use (the pool's accounting) plus the window."
         return self.pages * PAGE_TOKENS * self.kv_heads * (self.k_codec.row_bytes + self.codec.row_bytes) + self.window.nbytes
+
+# %% ../nbs/70_hf.ipynb #3a7eebef
+@patch
+def attend(self:SeqKV, q:Tensor, # [C, Hq, D]: a chunk's queries (original domain)
+           k:Tensor, v:Tensor, # [C, kv_heads, D]: the chunk's own exact K/V
+           scale:float)->Tensor: # [C, Hq, D] in q's dtype
+    "Causal attention of a chunk over the coded prefix, page by page (`paged_prefill`), and over itself."
+    i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=q.device)
+    P = self.pages
+    return paged_prefill(q, k, v, i32([0, q.shape[0]]), self.k_pages, self.v_pages, i32([0, P]),
+                         torch.arange(P, dtype=torch.int32, device=q.device), i32([self.n]), self._codecs,
+                         scale=scale, window=self.window, window_slots=i32([0]))
+
+@patch
+def attend_as_decode(self:SeqKV, q:Tensor, k:Tensor, v:Tensor, # as `attend`
+                     scale:float)->Tensor: # [C, Hq, D] in q's dtype
+    "Store the chunk, and attend as decode steps would read it: each query reads keys older than its own window from the codes (`hqkv.runner.decode_reads`)."
+    from hqkv.runner import decode_span, decode_reads, gqa_attention
+    P, n, R = self.n, q.shape[0], self.window.recent
+    kp, vp = self.decoded()                        # the prefix as the chunk's prefill reads it
+    self.append(k, v)
+    K, V = torch.cat([kp, k.float()]), torch.cat([vp, v.float()])
+    lo, hi = decode_span(P, n, self.window.sinks, R)
+    if hi == lo: return gqa_attention(q.float(), K, V, P, scale).to(q.dtype)
+    kx = self.k_codec.unrotate(self.k_codec.decode_rotated(self._rows(self.k_pages)[lo:hi]))
+    vx = self.codec.unrotate(self.codec.decode_rotated(self._rows(self.v_pages)[lo:hi]))
+    return gqa_attention(q.float(), torch.cat([K, kx]), torch.cat([V, vx]), P, scale, mask=decode_reads(P, n, lo, hi, R, q.device)).to(q.dtype)
 
 # %% ../nbs/70_hf.ipynb #78d99462
 def _attn_impl(config)->str|None: return getattr(config, "_attn_implementation", None)
