@@ -347,7 +347,35 @@ def _builder_class():
             return SinkBatch(c.block_table_tensor[:B, 0].cpu().long(), (c.seq_lens.cpu().long() - (qsl[1:] - qsl[:-1])).to(torch.int32))
     return HQKVMetadataBuilder, HQKVSinkBuilder
 
-# %% ../nbs/75_vllm.ipynb #2164faaa
+# %% ../nbs/75_vllm.ipynb #02259da6
+def _add_window_layers(self):
+    "After loading, before vLLM asks every layer for its KV cache spec: put the window layers of `self` (an `HQKVAttentionImpl`) beside it."
+    parts = {k: n for k, n in (("sinks", self.sinks), ("recent", self.recent)) if n and k not in self.window}
+    if not parts: return
+    cap = _paired_block(self.codec.name, "bf16", self.head_size)
+    if self.sinks > cap: raise ValueError(f"hqkv vllm: window_sinks={self.sinks} does not fit one sink page ({cap} bf16 tokens at head_dim {self.head_size} "
+                                          f"beside {self.codec.name} pages); use window_sinks <= {cap} or a larger --block-size")
+    name = next((n for n, l in (self._context or {}).items() if getattr(l, "impl", None) is self), None)
+    if name is None: raise RuntimeError("hqkv vllm: this attention layer is not in vLLM's forward context, so its exact window has nowhere to go")
+    for kind, n in parts.items():
+        w = _CLASSES["HQKVWindowLayer"](f"{name}.hqkv_{kind}", self.num_kv_heads, self.head_size, self.codec.name, kind, n)
+        if w.layer_name in self._context: raise ValueError(f"Duplicate layer name: {w.layer_name}")
+        self._context[w.layer_name] = self.window[kind] = w
+
+def _exact_window(self, batch:PagedBatch, k:Tensor, v:Tensor) -> ExactWindow:
+    "Store the step's rows in the window's page groups of `self` (an `HQKVAttentionImpl`) and read each request's window back."
+    if len(self.window) != bool(self.sinks) + bool(self.recent): raise RuntimeError(f"hqkv vllm: window {self.sinks}+{self.recent} but its layers were not added (process_weights_after_loading did not run)")
+    from vllm.forward_context import get_forward_context
+    md = get_forward_context().attn_metadata
+    if not isinstance(md, dict): raise NotImplementedError(f"hqkv vllm: the exact window needs per-layer metadata, got {type(md).__name__} (speculative decoding is not supported)")
+    got = {kind: (md[w.layer_name], w.kv_cache) for kind, w in self.window.items()}
+    if any(not torch.equal(b.prefix_lens, batch.prefix_lens) for b, _ in got.values()): raise RuntimeError("hqkv vllm: a window group's batch disagrees with the coded pages' batch")
+    (wb, wc), (sb, sc) = got.get("recent", (None, None)), got.get("sinks", (None, None))
+    if wc is not None: store_window(wc, k, v, wb.slot_mapping, self.codec)
+    if sc is not None: store_sinks(sc, k, v, batch, sb.blocks, self.sinks, self.codec)
+    return window_of(batch.prefix_lens, self.sinks, self.recent, wc, wb, sc, None if sb is None else sb.blocks)
+
+# %% ../nbs/75_vllm.ipynb #bed62373
 def _impl_class():
     from vllm.v1.attention.backend import AttentionImpl, AttentionType
     from vllm.logger import init_logger
@@ -382,19 +410,7 @@ def _impl_class():
             log.info_once(f"hqkv pages: kv_format={self.codec.name} head_dim={head_size} cell_bytes={cell_bytes(self.codec.name, head_size)} "
                           f"kv_heads={self.num_kv_heads} window={self.sinks}+{self.recent} key_profile={'off' if self.profile is None else self.settings.key_profile}")
 
-        def process_weights_after_loading(self, act_dtype):
-            "After loading, before vLLM asks every layer for its KV cache spec: put this layer's window layers beside it."
-            parts = {k: n for k, n in (("sinks", self.sinks), ("recent", self.recent)) if n and k not in self.window}
-            if not parts: return
-            cap = _paired_block(self.codec.name, "bf16", self.head_size)
-            if self.sinks > cap: raise ValueError(f"hqkv vllm: window_sinks={self.sinks} does not fit one sink page ({cap} bf16 tokens at head_dim {self.head_size} "
-                                                  f"beside {self.codec.name} pages); use window_sinks <= {cap} or a larger --block-size")
-            name = next((n for n, l in (self._context or {}).items() if getattr(l, "impl", None) is self), None)
-            if name is None: raise RuntimeError("hqkv vllm: this attention layer is not in vLLM's forward context, so its exact window has nowhere to go")
-            for kind, n in parts.items():
-                w = _CLASSES["HQKVWindowLayer"](f"{name}.hqkv_{kind}", self.num_kv_heads, self.head_size, self.codec.name, kind, n)
-                if w.layer_name in self._context: raise ValueError(f"Duplicate layer name: {w.layer_name}")
-                self._context[w.layer_name] = self.window[kind] = w
+        def process_weights_after_loading(self, act_dtype): _add_window_layers(self)
 
         def _profile_slot(self, layer) -> int|None:
             "The layer's slot in the key profile, or None when the profile has no entry for it (e.g. Gemma 3's sliding layers)."
@@ -404,18 +420,7 @@ def _impl_class():
                 self._slot[name] = self.profile.layers.index(i) if i in self.profile.layers else None
             return self._slot[name]
 
-        def _exact_window(self, batch:PagedBatch, k:Tensor, v:Tensor) -> ExactWindow:
-            "Store the step's rows in the window's page groups and read each request's window back."
-            if len(self.window) != bool(self.sinks) + bool(self.recent): raise RuntimeError(f"hqkv vllm: window {self.sinks}+{self.recent} but its layers were not added (process_weights_after_loading did not run)")
-            from vllm.forward_context import get_forward_context
-            md = get_forward_context().attn_metadata
-            if not isinstance(md, dict): raise NotImplementedError(f"hqkv vllm: the exact window needs per-layer metadata, got {type(md).__name__} (speculative decoding is not supported)")
-            got = {kind: (md[w.layer_name], w.kv_cache) for kind, w in self.window.items()}
-            if any(not torch.equal(b.prefix_lens, batch.prefix_lens) for b, _ in got.values()): raise RuntimeError("hqkv vllm: a window group's batch disagrees with the coded pages' batch")
-            (wb, wc), (sb, sc) = got.get("recent", (None, None)), got.get("sinks", (None, None))
-            if wc is not None: store_window(wc, k, v, wb.slot_mapping, self.codec)
-            if sc is not None: store_sinks(sc, k, v, batch, sb.blocks, self.sinks, self.codec)
-            return window_of(batch.prefix_lens, self.sinks, self.recent, wc, wb, sc, None if sb is None else sb.blocks)
+        def _exact_window(self, batch:PagedBatch, k:Tensor, v:Tensor) -> ExactWindow: return _exact_window(self, batch, k, v)
 
         def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None, output_block_scale=None):
             if output_scale is not None or output_block_scale is not None: raise NotImplementedError("hqkv vllm backend: fused output quantization")
