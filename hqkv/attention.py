@@ -11,12 +11,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from fastcore.basics import patch
 from .codec import Codec, get_codec, list_codecs
 
 # %% auto #0
 __all__ = ['ExactWindow', 'paged_decode', 'random_paged', 'dense_kv', 'sdpa_decode', 'paged_prefill']
 
-# %% ../nbs/30_attention.ref.ipynb #a3542a54
+# %% ../nbs/30_attention.ref.ipynb #8cf8dd25
 @dataclass(slots=True)
 class ExactWindow:
     "Exact (bf16) K/V of each sequence slot's first `sinks` and latest `recent` positions, in the codec's domain."
@@ -61,38 +62,41 @@ class ExactWindow:
         "Forget a slot (its request finished); the next `append` starts at position 0."
         self.lens[slot] = 0
 
-    def append(self, slot:int, # the sequence's slot
-               k:Tensor, v:Tensor, # float [n, kv_heads, head_dim], original domain, positions lens[slot] .. lens[slot]+n-1
-               codec:Codec, # the key pages' format (its domain is where the window's keys live)
-               v_codec:Codec|None=None): # the value pages' format, when it is not `codec`'s
-        "Add `n` new tokens of one sequence: rotate into the codecs' domains, round to bf16, keep sinks and the latest `recent`."
-        S, R, H, D = self.sinks, self.recent, self.k_sink.shape[2], self.k_sink.shape[3]
-        if not (isinstance(k, Tensor) and isinstance(v, Tensor)) or k.shape != v.shape or k.ndim != 3 or tuple(k.shape[1:]) != (H, D):
-            raise ValueError(f"ExactWindow.append: k and v must be [n, {H}, {D}], got {tuple(getattr(k, 'shape', ()))} and {tuple(getattr(v, 'shape', ()))}")
-        v_codec = codec if v_codec is None else v_codec
-        for c in (codec, v_codec):
-            if c.head_dim != D: raise ValueError(f"ExactWindow.append: codec head_dim {c.head_dim} != window head_dim {D}")
-        if not isinstance(slot, int) or not 0 <= slot < self.lens.shape[0]: raise ValueError(f"ExactWindow.append: slot must be an int in [0, {self.lens.shape[0]}), got {slot!r}")
-        start, n = int(self.lens[slot]), k.shape[0]
-        pos = torch.arange(start, start + n, device=k.device)
-        kr, vr = codec.rotate(k.float()).to(torch.bfloat16), v_codec.rotate(v.float()).to(torch.bfloat16)
-        s = pos < S
-        if s.any(): self.k_sink[slot, pos[s]], self.v_sink[slot, pos[s]] = kr[s], vr[s]
-        keep = (pos >= S) & (pos >= start + n - R)   # only the last `recent` survive the ring
-        if R and keep.any(): self.k_recent[slot, pos[keep] % R], self.v_recent[slot, pos[keep] % R] = kr[keep], vr[keep]
-        self.lens[slot] = start + n
+# %% ../nbs/30_attention.ref.ipynb #7c17353f
+@patch
+def append(self:ExactWindow, slot:int, # the sequence's slot
+           k:Tensor, v:Tensor, # float [n, kv_heads, head_dim], original domain, positions lens[slot] .. lens[slot]+n-1
+           codec:Codec, # the key pages' format (its domain is where the window's keys live)
+           v_codec:Codec|None=None): # the value pages' format, when it is not `codec`'s
+    "Add `n` new tokens of one sequence: rotate into the codecs' domains, round to bf16, keep sinks and the latest `recent`."
+    S, R, H, D = self.sinks, self.recent, self.k_sink.shape[2], self.k_sink.shape[3]
+    if not (isinstance(k, Tensor) and isinstance(v, Tensor)) or k.shape != v.shape or k.ndim != 3 or tuple(k.shape[1:]) != (H, D):
+        raise ValueError(f"ExactWindow.append: k and v must be [n, {H}, {D}], got {tuple(getattr(k, 'shape', ()))} and {tuple(getattr(v, 'shape', ()))}")
+    v_codec = codec if v_codec is None else v_codec
+    for c in (codec, v_codec):
+        if c.head_dim != D: raise ValueError(f"ExactWindow.append: codec head_dim {c.head_dim} != window head_dim {D}")
+    if not isinstance(slot, int) or not 0 <= slot < self.lens.shape[0]: raise ValueError(f"ExactWindow.append: slot must be an int in [0, {self.lens.shape[0]}), got {slot!r}")
+    start, n = int(self.lens[slot]), k.shape[0]
+    pos = torch.arange(start, start + n, device=k.device)
+    kr, vr = codec.rotate(k.float()).to(torch.bfloat16), v_codec.rotate(v.float()).to(torch.bfloat16)
+    s = pos < S
+    if s.any(): self.k_sink[slot, pos[s]], self.v_sink[slot, pos[s]] = kr[s], vr[s]
+    keep = (pos >= S) & (pos >= start + n - R)   # only the last `recent` survive the ring
+    if R and keep.any(): self.k_recent[slot, pos[keep] % R], self.v_recent[slot, pos[keep] % R] = kr[keep], vr[keep]
+    self.lens[slot] = start + n
 
-    def lookup(self, slot:int, pos:Tensor, # int64 positions of one sequence
-              ) -> tuple[Tensor, Tensor, Tensor]: # (held: bool [n], k, v: float32 [n, kv_heads, head_dim], zero where not held)
-        "Which of `pos` the window holds for `slot`, and their exact K/V (codec domain)."
-        S, R, L = self.sinks, self.recent, int(self.lens[slot])
-        sink = pos < min(S, L)
-        rec = (pos >= max(S, L - R)) & (pos < L)
-        H, D = self.k_sink.shape[2:]
-        k = torch.zeros(pos.shape[0], H, D, device=pos.device); v = torch.zeros_like(k)
-        if S: ps = pos.clamp(0, S - 1); k = torch.where(sink[:, None, None], self.k_sink[slot, ps].float(), k); v = torch.where(sink[:, None, None], self.v_sink[slot, ps].float(), v)
-        if R: pr = pos % R; k = torch.where(rec[:, None, None], self.k_recent[slot, pr].float(), k); v = torch.where(rec[:, None, None], self.v_recent[slot, pr].float(), v)
-        return sink | rec, k, v
+@patch
+def lookup(self:ExactWindow, slot:int, pos:Tensor, # int64 positions of one sequence
+          ) -> tuple[Tensor, Tensor, Tensor]: # (held: bool [n], k, v: float32 [n, kv_heads, head_dim], zero where not held)
+    "Which of `pos` the window holds for `slot`, and their exact K/V (codec domain)."
+    S, R, L = self.sinks, self.recent, int(self.lens[slot])
+    sink = pos < min(S, L)
+    rec = (pos >= max(S, L - R)) & (pos < L)
+    H, D = self.k_sink.shape[2:]
+    k = torch.zeros(pos.shape[0], H, D, device=pos.device); v = torch.zeros_like(k)
+    if S: ps = pos.clamp(0, S - 1); k = torch.where(sink[:, None, None], self.k_sink[slot, ps].float(), k); v = torch.where(sink[:, None, None], self.v_sink[slot, ps].float(), v)
+    if R: pr = pos % R; k = torch.where(rec[:, None, None], self.k_recent[slot, pr].float(), k); v = torch.where(rec[:, None, None], self.v_recent[slot, pr].float(), v)
+    return sink | rec, k, v
 
 # %% ../nbs/30_attention.ref.ipynb #6f26897d
 def _pair(codec) -> tuple[Codec, Codec]:
