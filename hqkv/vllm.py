@@ -150,6 +150,13 @@ def kv_views(kv_cache:Tensor, # uint8 [num_blocks, kv_heads, block_size, 2 * row
         raise ValueError(f"kv_cache must be uint8 [blocks, kv_heads, block_size, {2 * rb}] for {codec.name} at head_dim {codec.head_dim}, got {kv_cache.dtype} {tuple(kv_cache.shape)}")
     return kv_cache[..., :rb].transpose(1, 2), kv_cache[..., rb:].transpose(1, 2)
 
+def _put_cells(cache:Tensor, # uint8 [num_blocks, kv_heads, block_size, C]
+               slots:Tensor, # int64 [n]: block * block_size + offset, all >= 0
+               cells:Tensor): # uint8 [n, kv_heads, C]
+    "Write one cell per token at its slot, for all KV heads at once."
+    bs = cache.shape[2]
+    cache[slots // bs, :, slots % bs] = cells
+
 def store_rows(kv_cache:Tensor, # uint8 [num_blocks, kv_heads, block_size, 2 * row_bytes]
                key:Tensor, value:Tensor, # float [n, kv_heads, head_dim]: the step's new K/V (keys already profiled)
                slot_mapping:Tensor, # int [n]: block * block_size + offset; -1 = padding, not stored
@@ -163,9 +170,7 @@ def store_rows(kv_cache:Tensor, # uint8 [num_blocks, kv_heads, block_size, 2 * r
     if kernels == "triton":                     # hqkv's store kernel writes through the strided views: slot = block * block_size + offset
         from hqkv.kernels.store import store
         return store(key[ok].float().contiguous(), value[ok].float().contiguous(), k_pages, v_pages, s.contiguous(), codec)
-    bs = kv_cache.shape[2]
-    cells = torch.cat([codec.encode(key[ok]), codec.encode(value[ok])], -1)   # [n, kv_heads, 2 * row_bytes]
-    kv_cache[s // bs, :, s % bs] = cells
+    _put_cells(kv_cache, s, torch.cat([codec.encode(key[ok]), codec.encode(value[ok])], -1))
 
 def attend(query:Tensor, # float [>= num_tokens, Hq, D] (profiled when a key profile is on)
            key:Tensor, value:Tensor, # float [>= num_tokens, kv_heads, D]: the chunk's own exact K/V (keys profiled alike)
@@ -232,9 +237,7 @@ def store_window(win_cache:Tensor, # uint8 [num_blocks, kv_heads, block_size, 4 
     _check_exact_pages(win_cache, codec.head_dim, "window")
     ok = slot_mapping >= 0
     s = slot_mapping[ok].long()
-    if not s.numel(): return
-    bs = win_cache.shape[2]
-    win_cache[s // bs, :, s % bs] = _exact_rows(key[ok], value[ok], codec)
+    if s.numel(): _put_cells(win_cache, s, _exact_rows(key[ok], value[ok], codec))
 
 def store_sinks(sink_cache:Tensor, # uint8 [num_blocks, kv_heads, block_size, 4 * head_dim]: the sink group's pages
                 key:Tensor, value:Tensor, # float [>= num_tokens, kv_heads, head_dim]
@@ -244,6 +247,7 @@ def store_sinks(sink_cache:Tensor, # uint8 [num_blocks, kv_heads, block_size, 4 
     "Write the step's rows at positions < `sinks` into each request's sink block (offset = position)."
     _check_exact_pages(sink_cache, codec.head_dim, "sink")
     if sinks > sink_cache.shape[2]: raise ValueError(f"hqkv vllm: {sinks} sinks do not fit a sink page of {sink_cache.shape[2]} tokens")
+    if not len(batch.prefix_lens) or int(batch.prefix_lens.min()) >= sinks: return   # every request past its sinks (decode steps)
     qo, pl = batch.qo_indptr.tolist(), batch.prefix_lens.tolist()
     for b, P in enumerate(pl):
         m = min(sinks, P + qo[b + 1] - qo[b]) - P          # this step's tokens that are sinks
@@ -254,21 +258,21 @@ def window_of(prefix_lens:Tensor, # int [B]: each request's prefix P
               win_cache:Tensor|None=None, win_batch:PagedBatch|None=None, # the recent group's pages and batch (recent > 0)
               sink_cache:Tensor|None=None, sink_blocks:Tensor|None=None, # the sink group's pages and each request's block (sinks > 0)
              ) -> ExactWindow: # request b's rows in slot b
-    "Each request's exact rows, read from the window's page groups into an `ExactWindow`."
+    "Each request's exact rows, read from the window's page groups into an `ExactWindow` (one gather per group for the whole batch)."
     pages = win_cache if recent else sink_cache
-    B, H, D = prefix_lens.shape[0], pages.shape[1], pages.shape[-1] // 4
-    w = ExactWindow.allocate(B, H, D, sinks=sinks, recent=recent, device=pages.device)
-    for b, P in enumerate(prefix_lens.tolist()):
-        m = min(sinks, P)
-        if m:
-            rows = sink_cache[int(sink_blocks[b]), :, :m].transpose(0, 1).view(torch.bfloat16)     # [m, H, 2D]
-            w.k_sink[b, :m], w.v_sink[b, :m] = rows[..., :D], rows[..., D:]
-        pos = torch.arange(max(0, P - recent), P)
-        if recent and pos.numel():
-            bs = win_batch.block_size
-            rows = win_cache[win_batch.block_table[b, pos // bs], :, pos % bs].view(torch.bfloat16)   # [n, H, 2D]
-            w.k_recent[b, pos % recent], w.v_recent[b, pos % recent] = rows[..., :D], rows[..., D:]
-        w.lens[b] = P
+    B, H, D, dev = prefix_lens.shape[0], pages.shape[1], pages.shape[-1] // 4, pages.device
+    w = ExactWindow.allocate(B, H, D, sinks=sinks, recent=recent, device=dev)
+    P = prefix_lens.to(dev).long()
+    w.lens.copy_(P)          # rows the window does not hold (past P, before P - recent) are read but never used: `lookup` masks by lens
+    if sinks:
+        rows = sink_cache[sink_blocks.to(dev).long(), :, :sinks].transpose(1, 2).view(torch.bfloat16)        # [B, S, H, 2D]
+        w.k_sink.copy_(rows[..., :D]); w.v_sink.copy_(rows[..., D:])
+    if recent:
+        bs, bt = win_batch.block_size, win_batch.block_table.to(dev)
+        pos = (P[:, None] - recent + torch.arange(recent, device=dev)).clamp_min(0)                             # [B, R]: P - R .. P - 1
+        rows = win_cache[bt.gather(1, pos // bs), :, pos % bs].view(torch.bfloat16)                             # [B, R, H, 2D]
+        b = torch.arange(B, device=dev)[:, None]
+        w.k_recent[b, pos % recent], w.v_recent[b, pos % recent] = rows[..., :D], rows[..., D:]
     return w
 
 # %% ../nbs/75_vllm.ipynb #dd25685a
