@@ -106,7 +106,7 @@ def _demo_run(a) -> int:
 
 register_command("demo", "the same prompt through hq-e8-2b and bf16 pages on one byte budget: plans, texts, first difference", _demo_setup, _demo_run)
 
-# %% ../nbs/42a_commands.ipynb #e46873cf
+# %% ../nbs/42a_commands.ipynb #96578526
 def _ints(s:str)->list:
     try: v = [int(x) for x in s.split(",") if x.strip()]
     except ValueError: raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
@@ -141,6 +141,7 @@ def _eval_setup(p:argparse.ArgumentParser):
     p.add_argument("--seed", type=int, default=0, help="niah: key seed (default 0)")
     p.add_argument("--no-oracle", action="store_true", help="niah: do not run the bf16 oracle")
 
+# %% ../nbs/42a_commands.ipynb #0bb57d61
 def _eval_run(args)->int:
     from hqkv.quality import GEOMETRY, HFModel, eval_text, eval_variants, run_kld, run_niah, summarize, table_markdown, ORACLE
     for n in ("windows", "score_last", "trials"):

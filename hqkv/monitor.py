@@ -75,7 +75,7 @@ def _seq_samples(pool:KVPool) -> tuple:
         out.append(SeqSample(sid, a.length(sid), bound, len(pages), sum(a.refcount(p) > 1 for p in pages), -(-bound // pt) - len(pages)))
     return tuple(out)
 
-# %% ../nbs/60_monitor.ipynb #690f7997
+# %% ../nbs/60_monitor.ipynb #24a27384
 BAND_COLORS = {"used": "#4C72B0", "reserved": "#F0A35E", "retained": "#55A868", "free": "#DADADA"}
 
 def _fig_summary(s:PoolSample) -> str:
@@ -84,6 +84,7 @@ def _fig_summary(s:PoolSample) -> str:
             f"free {s.free} of {s.total} pages · prefix-reused {m['hqkv_kv_prefix_reused_tokens_total']:,} tokens · "
             f"evictions {m['hqkv_kv_pool_evictions_total']}")
 
+# %% ../nbs/60_monitor.ipynb #93fd2f95
 def pool_figure(samples,                 # `PoolSample`s in step order (e.g. `PoolMonitor.history`)
                 caption:str="",          # text under the plots (the monitor passes the pool's plan line)
                 at:int|None=None,        # step whose live requests the right panel shows (default: the last sample)

