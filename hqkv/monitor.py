@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Hashable
 from fastcore.basics import patch
 from .pool import KVPool
+from .sizing import row_bytes
 
 # %% auto #0
-__all__ = ['BAND_COLORS', 'SeqSample', 'PoolSample', 'pool_figure', 'PoolMonitor']
+__all__ = ['BAND_COLORS', 'BANDS', 'SeqSample', 'PoolSample', 'pool_figure', 'PoolMonitor', 'pool_state']
 
 # %% ../nbs/60_monitor.ipynb #8032d7a7
 @dataclass(slots=True)
@@ -319,3 +320,34 @@ def attach(self:PoolMonitor,
 def detach(self:PoolMonitor):
     "Stop sampling from the engine `attach` hooked (when its hook returned a remover)."
     if self._detach is not None: self._detach(); self._detach = None
+
+# %% ../nbs/60_monitor.ipynb #1b459c29
+BANDS = ("used", "reserved", "retained", "free")   # the four disjoint page bands, bottom to top
+
+@patch
+def as_dict(self:PoolSample,
+            seqs:bool=True,      # include each live request (`SeqSample` fields)
+            metrics:bool=True,   # include the pool's metrics dict
+           ) -> dict:
+    "The sample as JSON-ready plain data: step, time, total, the four bands, and the live requests and metrics."
+    d = {"step": self.step, "time": round(self.time, 4), "total": self.total, **{b: getattr(self, b) for b in BANDS}}
+    if seqs: d["seqs"] = [{"seq_id": q.seq_id if isinstance(q.seq_id, (int, str)) else str(q.seq_id), "tokens": q.tokens,
+                           "bound_tokens": q.bound_tokens, "used": q.used, "shared": q.shared, "reserved": q.reserved} for q in self.seqs]
+    if metrics: d["metrics"] = dict(self.metrics)
+    return d
+
+# %% ../nbs/60_monitor.ipynb #f591db90
+def pool_state(source,            # a `KVPool`, or an object whose `.pool` is one (an Engine: then its plan line and bit plan)
+               step:int=0,        # the step number to file the sample under
+               t:float=0.0,       # seconds since the watcher started
+               per_seq:bool=True, # also each live request
+              ) -> dict:
+    "The pool now as plain data: `PoolSample.of(...).as_dict()` plus the plan line, the format, the bit plan and the band colors."
+    pool = _as_pool(source)
+    lay = pool.layout
+    bits = lambda f: row_bytes(f, lay.head_dim) * 8 / lay.head_dim
+    return PoolSample.of(pool, step, t, per_seq).as_dict() | {
+        "plan": (source if callable(getattr(source, "plan_line", None)) else pool).plan_line(),
+        "format": pool.kv_format, "bit_plan": getattr(source, "bit_plan", None) or "none",
+        "layers": [{"layer": l, "k": k, "v": v, "k_bits": bits(k), "v_bits": bits(v)} for l, k, v in zip(lay.layers, lay.k_formats, lay.v_formats)],
+        "page_tokens": pool.page_tokens, "page_bytes": pool.page_bytes, "colors": dict(BAND_COLORS)}

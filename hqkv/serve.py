@@ -1,4 +1,4 @@
-"""An OpenAI-compatible HTTP server over the engine: `/v1/completions`, `/v1/chat/completions` (streaming or not), `/v1/models`, `/health` and Prometheus `/metrics`; admission at the door (400 when a request can never fit, 429 when the queue is full), a disconnect cancels its request.
+"""An OpenAI-compatible HTTP server over the engine: `/v1/completions`, `/v1/chat/completions` (streaming or not), `/v1/models`, `/health` and Prometheus `/metrics`; admission at the door (400 when a request can never fit, 429 when the queue is full), a disconnect cancels its request; `GET /` is the Playground, a page to talk to the model and watch the pool.
 
 Docs: https://hqkv.github.io/hqkv/serve.html.md"""
 
@@ -7,16 +7,20 @@ Docs: https://hqkv.github.io/hqkv/serve.html.md"""
 # %% ../nbs/43_serve.ipynb #e124a4a5
 from __future__ import annotations
 import asyncio, json, logging, queue, threading, time, uuid
+from collections import deque
+from importlib.resources import files
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any
 from .engine import Engine, EngineConfig, SamplingParams
+from .monitor import BANDS, pool_state
 try: from starlette.requests import Request     # the type FastAPI injects by annotation (fastapi: the `serve` extra)
 except ImportError: Request = None
 
 _log = logging.getLogger("hqkv.serve")
 
 # %% auto #0
-__all__ = ['Job', 'ServeMetrics', 'EngineWorker', 'BadRequest', 'make_app', 'load_test']
+__all__ = ['PLAYGROUND_DIR', 'Job', 'ServeMetrics', 'EngineWorker', 'BadRequest', 'make_app', 'PoolFeed', 'load_test']
 
 # %% ../nbs/43_serve.ipynb #ab4136ec
 @dataclass(eq=False)
@@ -37,6 +41,7 @@ class Job:
     t_submit: float = field(default_factory=time.perf_counter)
     t_last: float|None = None
     closed: bool = False
+    rid: str = ""                     # the id its client sees (cmpl-..., chatcmpl-...): the Playground finds its pages by it
 
     def put(self, item):
         if self.out is None: return
@@ -73,6 +78,8 @@ class EngineWorker:
         self.engine, self.max_waiting = engine, max_waiting
         self.metrics = ServeMetrics()
         self.metrics.snapshot = engine.metrics()
+        self.feed = PoolFeed()                           # the pool as the Playground reads it (`GET /v1/hqkv/pool`)
+        self.feed.record(engine)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._jobs: set = set()
         self._accepted = 0                               # jobs handed in and not yet running or done (the door's count)
@@ -163,6 +170,7 @@ def _settle(self:EngineWorker):
         self._accepted = sum(1 for j in self._jobs if j.request.status == "waiting") + self._inbox.qsize()
         self.metrics.queue.set(self._accepted)
     self.metrics.snapshot = self.engine.metrics()
+    self.feed.record(self.engine, {j.request.id: j.rid for j in self._jobs})
 
 @patch
 def _close(self:EngineWorker, job:Job, reason:str, error:str|None=None):
@@ -211,12 +219,15 @@ def _max_tokens(body:dict, n_prompt:int, engine:Engine, default:int) -> int:
     return m
 
 # %% ../nbs/43_serve.ipynb #f08b0045
+PLAYGROUND_DIR = Path(str(files("hqkv"))) / "static"   # the Playground: playground.html, .css, .js
+
 def make_app(worker:EngineWorker, # the running engine worker
              name:str, # the model name /v1/models reports
              default_max_tokens:int=256):
-    "The FastAPI app: OpenAI-compatible completions and chat, models, health and metrics over `worker`."
+    "The FastAPI app: OpenAI-compatible completions and chat, models, health and metrics over `worker`; the Playground at `/`."
     from fastapi import FastAPI
-    from fastapi.responses import JSONResponse, StreamingResponse, PlainTextResponse
+    from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse, PlainTextResponse
+    from fastapi.staticfiles import StaticFiles
     app, eng, tok = FastAPI(title="hqkv serve"), worker.engine, worker.engine.tokenizer
 
     @app.exception_handler(BadRequest)
@@ -236,6 +247,17 @@ def make_app(worker:EngineWorker, # the running engine worker
     @app.get("/metrics")
     async def metrics(): return PlainTextResponse(worker.metrics.text(), media_type="text/plain; version=0.0.4")
 
+    @app.get("/")
+    async def playground(): return HTMLResponse((PLAYGROUND_DIR / "playground.html").read_text(encoding="utf-8"))
+    app.mount("/static", StaticFiles(directory=PLAYGROUND_DIR), name="static")
+
+    @app.get("/v1/hqkv/pool")
+    async def pool(request:Request):
+        since = request.query_params.get("since")
+        try: since = None if since in (None, "") else float(since)
+        except ValueError: raise BadRequest(f"since must be a number of seconds (the `now` of an earlier answer), got {since!r}", param="since") from None
+        return worker.feed.read(since)
+
     async def body_of(request:Request) -> dict:
         try: body = await request.json()
         except ValueError: raise BadRequest("the request body is not JSON") from None
@@ -245,10 +267,10 @@ def make_app(worker:EngineWorker, # the running engine worker
     async def run(body:dict, ids:list, chat:bool):
         if not ids: raise BadRequest("empty prompt", param="prompt")
         sampling, stop = _sampling(body), _stops(body)
-        job = Job(ids, _max_tokens(body, len(ids), eng, default_max_tokens), sampling, stop, asyncio.get_running_loop(), asyncio.Queue())
+        rid, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time())
+        job = Job(ids, _max_tokens(body, len(ids), eng, default_max_tokens), sampling, stop, asyncio.get_running_loop(), asyncio.Queue(), rid=rid)
         if not worker.alive: raise BadRequest("the engine is not running", 503)
         if not worker.submit(job): raise BadRequest(f"the queue is full ({worker.max_waiting} requests waiting): retry later", 429, headers={"Retry-After": "1"})
-        rid, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time())
         usage = lambda: {"prompt_tokens": len(ids), "completion_tokens": job.tokens, "total_tokens": len(ids) + job.tokens}
         if body.get("stream"): return StreamingResponse(_stream(worker, job, rid, created, name, chat, body, usage), media_type="text/event-stream")
         try:
@@ -302,6 +324,30 @@ async def _stream(worker:EngineWorker, job:Job, rid:str, created:int, name:str, 
             return
     finally:
         if not job.closed: worker.cancel(job)
+
+# %% ../nbs/43_serve.ipynb #8a5f6295
+class PoolFeed:
+    "The pool as the Playground reads it: `pool_state` taken on the engine thread after each step and a history of the bands, copied out under a lock."
+    def __init__(self, max_points:int=4096): # band rows kept (a row per step that changed something)
+        self._lock, self._t0 = threading.Lock(), time.monotonic()
+        self._history: deque = deque(maxlen=max_points)   # {step, time, used, reserved, retained, free}, oldest first
+        self._state: dict = {}
+
+    def record(self, engine, # the engine (read on its own thread only)
+               names:dict|None=None): # pool sequence id -> the HTTP id of its request (`Job.rid`)
+        "Take the pool's state now: the latest state, and a history row when a band or the step changed."
+        s = pool_state(engine, engine.counters["steps_total"], time.monotonic() - self._t0)
+        for q in s["seqs"]: q["request"] = (names or {}).get(q["seq_id"])
+        row = {k: s[k] for k in ("step", "time", *BANDS)}
+        with self._lock:
+            last = self._history[-1] if self._history else None
+            if last is None or any(last[k] != row[k] for k in ("step", *BANDS)): self._history.append(row)
+            self._state = s
+
+    def read(self, since:float|None=None) -> dict: # seconds on the feed's clock: only history rows after it (None: all)
+        "The latest state, `now` on the feed's clock, and the history rows after `since`."
+        with self._lock: s, rows = self._state, [r for r in self._history if since is None or r["time"] > since]
+        return s | {"now": round(time.monotonic() - self._t0, 4), "history": rows}
 
 # %% ../nbs/43_serve.ipynb #0c710f12
 def _pct(xs:list, p:float) -> float|None:
