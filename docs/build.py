@@ -277,6 +277,13 @@ def _out_text(o) -> str | None:
     return None
 
 
+_re_md_image = re.compile(r"(!\[[^\]]*\]\()(?![a-z]+:|/|#)([^)\s]+)")
+
+def _readme_images(md: str) -> str:
+    "Images the index notebook shows from nbs/ (`results/x.png`) as README.md, at the repository root, finds them (`nbs/results/x.png`)."
+    return _re_md_image.sub(lambda m: m.group(1) + ("nbs/" if (NBS / m.group(2)).is_file() else "") + m.group(2), md)
+
+
 def readme_text(nb: dict) -> str:
     "README.md text from a processed index notebook (nbdev-readme's job, without Quarto)."
     staged, fm = stage_nb(nb)
@@ -284,7 +291,7 @@ def readme_text(nb: dict) -> str:
     for cell in staged["cells"]:
         src = _src(cell).strip()
         if cell["cell_type"] == "markdown":
-            if src: parts.append(src)
+            if src: parts.append(_readme_images(src))
         elif cell["cell_type"] == "code":
             if src and "hide-input" not in cell.get("metadata", {}).get("tags", []):
                 parts.append("```python\n" + src + "\n```")

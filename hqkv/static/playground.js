@@ -146,9 +146,9 @@ function drawSeqs(s) {
     ctx.fillText("no live requests", W / 2, H / 2);
     return;
   }
-  const pad = { l: 96, r: 110 };
+  const pad = { l: 96 };
   const most = Math.max(1, ...seqs.map((q) => q.used + q.reserved));
-  const px = (p) => p / most * (W - pad.l - pad.r);
+  const px = (p) => p / (most * 1.6) * (W - pad.l - 8);   // as pool_figure: the longest bar, then room for its label
   seqs.forEach((q, i) => {
     const y0 = 6 + i * rowH, h = rowH - 6, mine = state.mine !== null && q.request === state.mine;
     let x0 = pad.l;
@@ -236,6 +236,7 @@ async function send(ev) {
   if (chat) body.messages = [...state.messages, { role: "user", content: text }];
   else body.prompt = text;
   const user = addMessage("user", text), out = addMessage("assistant", "");
+  $("prompt").value = "";
   const textEl = out.querySelector(".text");
   out.classList.add("streaming");
   state.busy = true; state.controller = new AbortController(); state.mine = null; state.mineTrace = []; state.mineMaxUsed = 0;
@@ -278,7 +279,7 @@ async function send(ev) {
     out.classList.remove("streaming");
     state.busy = false; state.controller = null;
     $("send").disabled = false; $("stop").disabled = true;
-    if (failed && !answer) { out.remove(); user.classList.add("failed"); }
+    if (failed && !answer) { out.remove(); user.classList.add("failed"); if (!$("prompt").value) $("prompt").value = text; }
     else {
       const secs = (performance.now() - t0) / 1000, n = usage ? usage.completion_tokens : null;
       const meta = document.createElement("span");
@@ -287,7 +288,7 @@ async function send(ev) {
                           finish ? `finish: ${finish}` : null, state.mineMaxUsed ? `at most ${state.mineMaxUsed} pages seen` : null].filter(Boolean).join(" · ");
       out.append(meta);
       if (chat && !failed) state.messages.push({ role: "user", content: text }, { role: "assistant", content: answer });
-      if (!failed) { $("prompt").value = ""; state.answers += 1; }
+      if (!failed) state.answers += 1;
     }
   }
 }
