@@ -7,11 +7,13 @@ Docs: https://hqkv.github.io/hqkv/kernels.html.md"""
 # %% ../../nbs/30a_kernels.ipynb #ca876dcf
 from __future__ import annotations
 import os
+from dataclasses import dataclass
 import torch
 from ..codec import Codec
 
 # %% auto #0
-__all__ = ['KERNEL_FORMATS', 'KERNEL_HEAD_DIMS', 'kernel_format', 'interpreting', 'check_device']
+__all__ = ['KERNEL_FORMATS', 'KERNEL_HEAD_DIMS', 'TILES', 'kernel_format', 'interpreting', 'check_device', 'Tile', 'device_arch',
+           'tile']
 
 # %% ../../nbs/30a_kernels.ipynb #7acfe665
 KERNEL_FORMATS = {"bf16": 0, "hq-e8-2b": 1}  # format name -> FORMAT constexpr
@@ -41,3 +43,39 @@ def check_device(*ts:torch.Tensor):
     if dev.type == "cpu" and not interpreting():
         raise ValueError("Triton kernels need CUDA tensors (or TRITON_INTERPRET=1 for the CPU interpreter); use hqkv.attention's torch reference on CPU")
     return dev
+
+# %% ../../nbs/30a_kernels.ipynb #7a1e5c02
+@dataclass(frozen=True, slots=True)
+class Tile:
+    "How one kernel is cut for one head size on one GPU generation."
+    block_n: int        # K/V rows per step (decode, prefill); tokens per program (store)
+    block_m: int = 0    # prefill: packed query rows per program; hq-e8-2b store: patterns scored per step
+    num_warps: int = 4
+    num_stages: int = 1
+
+TILES = {   # (kernel, head-dim ceiling) -> {arch: Tile}; arch None: the interpreter
+    ("decode", 128):  {80: Tile(32, 0, 4, 2), 90: Tile(32, 0, 4, 2), None: Tile(64)},
+    ("decode", 256):  {80: Tile(32, 0, 8, 2), 90: Tile(32, 0, 8, 2), None: Tile(64)},
+    ("decode", 512):  {80: Tile(16, 0, 8, 2), 90: Tile(16, 0, 8, 2), None: Tile(64)},
+    ("prefill", 128): {80: Tile(32, 64, 4, 1), 90: Tile(32, 64, 4, 1), None: Tile(64, 64)},
+    ("prefill", 256): {80: Tile(32, 64, 8, 1), 90: Tile(32, 64, 8, 1), None: Tile(64, 64)},
+    ("prefill", 512): {80: Tile(16, 32, 8, 1), 90: Tile(16, 32, 8, 1), None: Tile(64, 64)},
+    ("store", 512):   {80: Tile(4, 4, 4, 1), 90: Tile(4, 4, 4, 1), None: Tile(16, 64)},
+}
+
+def device_arch(device=None) -> int|None:
+    "Compute capability of a CUDA device as an int (80, 90, ...); None for anything else (the interpreter's CPU tensors)."
+    device = torch.device(device) if device is not None else None
+    if device is None or device.type != "cuda": return None
+    major, minor = torch.cuda.get_device_capability(device)
+    return 10 * major + minor
+
+def tile(kernel:str, # "decode", "prefill" or "store"
+         head_dim:int, device=None) -> Tile:
+    "The `TILES` entry for `kernel` at `head_dim` on `device`'s arch (the interpreter's row off CUDA)."
+    rows = sorted((d, archs) for (k, d), archs in TILES.items() if k == kernel and d >= head_dim)
+    if not rows: raise ValueError(f"no tile for {kernel!r} at head_dim {head_dim}; TILES covers {sorted({k for k, _ in TILES})}")
+    archs = rows[0][1]
+    arch = None if interpreting() else device_arch(device)
+    if arch is None: return archs[None]
+    return archs[max(a for a in archs if a is not None and a <= max(arch, 80))]

@@ -14,7 +14,7 @@ import triton.language as tl
 from torch import Tensor
 from ..codec import Codec
 from ..attention import ExactWindow
-from . import kernel_format, check_device, interpreting
+from . import kernel_format, check_device, interpreting, tile
 
 # %% auto #0
 __all__ = ['decode_kernel', 'decode_merge_kernel', 'DecodeWorkspace', 'default_splits', 'decode']
@@ -25,11 +25,11 @@ def _load_rows(ptr, # page base pointer (already at the page and KV head)
                offs_n, n_mask, offs_d, stride_n, table_ptr,
                FORMAT: tl.constexpr, D: tl.constexpr, NQ: tl.constexpr, BLOCK_N: tl.constexpr):
     "A block of coded rows -> values [BLOCK_N, D] in the codec's (rotated) domain (bf16 rows stay bf16, exact)."
+    rows = ptr + offs_n[:, None] * stride_n
     if FORMAT == 0:   # bf16 rows (the pages are viewed as bf16)
-        x = tl.load(ptr + offs_n[:, None] * stride_n + offs_d[None, :], mask=n_mask[:, None], other=0.0)
+        x = tl.load(rows + offs_d[None, :], mask=n_mask[:, None], other=0.0)
     else:             # hq-e8-2b (pages viewed as int16): D/8 codewords, then NQ bf16 scales
         offs_g = tl.arange(0, D // 8)
-        rows = ptr + offs_n[:, None] * stride_n
         code = tl.load(rows + offs_g[None, :], mask=n_mask[:, None], other=0).to(tl.int32) & 0xFFFF       # [BLOCK_N, D/8]
         s16 = tl.load(rows + D // 8 + (offs_g // (D // 8 // NQ))[None, :], mask=n_mask[:, None], other=0)  # its quarter's scale
         scale = ((s16.to(tl.int32) & 0xFFFF).to(tl.uint32) << 16).to(tl.float32, bitcast=True)          # bf16 bits -> fp32
@@ -66,22 +66,40 @@ def _attend(q_hi, q_lo, k, v, visible, m, l, acc,
     return m_new, l, acc
 
 @triton.jit
+def _code_blocks(q_hi, q_lo, m, l, acc, j0, j1, p0, h, indices_ptr, k_ptr, v_ptr, table_ptr,
+                 stride_kp, stride_kn, stride_kh, PAGE, L, s_held, rec_start, offs_n, offs_d,
+                 FORMAT: tl.constexpr, D: tl.constexpr, NQ: tl.constexpr, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr):
+    "Blocks j0..j1 of BLOCK_N code rows (a page is PAGE // BLOCK_N blocks), positions the window holds masked out."
+    for j in range(j0, j1):
+        pos0 = j * BLOCK_N
+        page = tl.load(indices_ptr + p0 + pos0 // PAGE).to(tl.int64)
+        pos = pos0 + offs_n
+        in_seq = pos < L
+        base = page * stride_kp + h * stride_kh
+        rows = pos0 % PAGE + offs_n
+        k = _load_rows(k_ptr + base, rows, in_seq, offs_d, stride_kn, table_ptr, FORMAT, D, NQ, BLOCK_N)
+        v = _load_rows(v_ptr + base, rows, in_seq, offs_d, stride_kn, table_ptr, FORMAT, D, NQ, BLOCK_N)
+        vis = in_seq & (pos >= s_held) & (pos < rec_start)
+        m, l, acc = _attend(q_hi, q_lo, k, v, vis[None, :], m, l, acc, DOT_BF16)
+    return m, l, acc
+
+@triton.jit
 def _window_blocks(q_hi, q_lo, m, l, acc, j0, j1, n_code, slot, h,
                    ks_ptr, vs_ptr, kr_ptr, vr_ptr,
                    stride_ss, stride_sn, stride_sh, stride_rs, stride_rn, stride_rh,
                    SINKS, RECENT, s_held, rec_start, n_rec,
-                   offs_n, offs_d, DOT_BF16: tl.constexpr, PAGE: tl.constexpr):
-    "Blocks j0..j1 of the window part (numbered after the n_code code pages): sinks first, then the ring."
-    n_sink = tl.cdiv(SINKS, PAGE)
+                   offs_n, offs_d, DOT_BF16: tl.constexpr, BLOCK_N: tl.constexpr):
+    "Blocks j0..j1 of the window part (numbered after the n_code code blocks): sinks first, then the ring."
+    n_sink = tl.cdiv(SINKS, BLOCK_N)
     for j in range(tl.maximum(j0, n_code), tl.minimum(j1, n_code + n_sink)):
-        rows = (j - n_code) * PAGE + offs_n
+        rows = (j - n_code) * BLOCK_N + offs_n
         ok = rows < s_held
         base = slot * stride_ss + h * stride_sh + rows[:, None] * stride_sn + offs_d[None, :]
         k = tl.load(ks_ptr + base, mask=ok[:, None], other=0.0)
         v = tl.load(vs_ptr + base, mask=ok[:, None], other=0.0)
         m, l, acc = _attend(q_hi, q_lo, k, v, ok[None, :], m, l, acc, DOT_BF16)
     for j in range(tl.maximum(j0, n_code + n_sink), j1):
-        rows = (j - n_code - n_sink) * PAGE + offs_n
+        rows = (j - n_code - n_sink) * BLOCK_N + offs_n
         # ring row r holds position p (p % RECENT == r) for the n_rec latest positions from rec_start on
         ok = (rows < RECENT) & ((rows + RECENT - rec_start % RECENT) % RECENT < n_rec)
         base = slot * stride_rs + h * stride_rh + rows[:, None] * stride_rn + offs_d[None, :]
@@ -91,7 +109,7 @@ def _window_blocks(q_hi, q_lo, m, l, acc, j0, j1, n_code, slot, h,
     return m, l, acc
 
 # %% ../../nbs/32_kernels.decode.ipynb #c1c944de
-@triton.jit
+@triton.jit(do_not_specialize=["SINKS", "RECENT", "SPLITS", "G", "PAGE"])
 def decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr,
                   ks_ptr, vs_ptr, kr_ptr, vr_ptr, wslot_ptr, table_ptr,
                   po_ptr, pl_ptr,
@@ -101,12 +119,12 @@ def decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr,
                   stride_rs, stride_rn, stride_rh,
                   stride_pob, stride_poh, stride_pos, stride_pog,
                   stride_plb, stride_plh, stride_pls,
-                  SINKS, RECENT, SPLITS,
-                  G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+                  SINKS, RECENT, SPLITS, G, PAGE,
+                  G_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
                   FORMAT: tl.constexpr, NQ: tl.constexpr, WINDOW: tl.constexpr, DOT_BF16: tl.constexpr):
-    "One (sequence, KV head, split): online softmax over its share of code pages and window blocks."
+    "One (sequence, KV head, split): online softmax over its share of code blocks and window blocks."
     b, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    offs_g, offs_d, offs_n = tl.arange(0, G_PAD), tl.arange(0, D), tl.arange(0, PAGE)
+    offs_g, offs_d, offs_n = tl.arange(0, G_PAD), tl.arange(0, D), tl.arange(0, BLOCK_N)
     g_ok = offs_g < G
     q = tl.load(q_ptr + b * stride_qb + (h * G + offs_g)[:, None] * stride_qh + offs_d[None, :], mask=g_ok[:, None], other=0.0)
     if DOT_BF16:
@@ -119,30 +137,23 @@ def decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr,
     if WINDOW:
         s_held = tl.minimum(SINKS, L)
         rec_start = tl.maximum(SINKS, L - RECENT)
-        n_code = tl.cdiv(tl.minimum(rec_start, L), PAGE)   # pages wholly inside the recent window are skipped; L < SINKS: none
-        total = n_code + tl.cdiv(SINKS, PAGE) + tl.cdiv(RECENT, PAGE)
+        n_code = tl.cdiv(tl.minimum(rec_start, L), BLOCK_N)   # blocks wholly inside the recent window are skipped; L < SINKS: none
+        total = n_code + tl.cdiv(SINKS, BLOCK_N) + tl.cdiv(RECENT, BLOCK_N)
     else:
-        s_held = 0; rec_start = L; n_code = n_pages; total = n_pages
+        s_held = 0; rec_start = L; n_code = tl.cdiv(L, BLOCK_N); total = n_code
     per = tl.cdiv(total, SPLITS)
     j0 = s * per
     j1 = tl.minimum(total, j0 + per)
     m = tl.full([G_PAD], float("-inf"), tl.float32)
     l = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D], tl.float32)
-    for j in range(j0, tl.minimum(j1, n_code)):
-        page = tl.load(indices_ptr + p0 + j).to(tl.int64)
-        pos = j * PAGE + offs_n
-        in_seq = pos < L
-        base = page * stride_kp + h * stride_kh
-        k = _load_rows(k_ptr + base, offs_n, in_seq, offs_d, stride_kn, table_ptr, FORMAT, D, NQ, PAGE)
-        v = _load_rows(v_ptr + base, offs_n, in_seq, offs_d, stride_kn, table_ptr, FORMAT, D, NQ, PAGE)
-        vis = in_seq & (pos >= s_held) & (pos < rec_start)
-        m, l, acc = _attend(q_hi, q_lo, k, v, vis[None, :], m, l, acc, DOT_BF16)
+    m, l, acc = _code_blocks(q_hi, q_lo, m, l, acc, j0, tl.minimum(j1, n_code), p0, h, indices_ptr, k_ptr, v_ptr, table_ptr,
+                             stride_kp, stride_kn, stride_kh, PAGE, L, s_held, rec_start, offs_n, offs_d, FORMAT, D, NQ, BLOCK_N, DOT_BF16)
     if WINDOW:
         slot = tl.load(wslot_ptr + b).to(tl.int64)
         m, l, acc = _window_blocks(q_hi, q_lo, m, l, acc, j0, j1, n_code, slot, h, ks_ptr, vs_ptr, kr_ptr, vr_ptr,
                                    stride_ss, stride_sn, stride_sh, stride_rs, stride_rn, stride_rh,
-                                   SINKS, RECENT, s_held, rec_start, L - rec_start, offs_n, offs_d, DOT_BF16, PAGE)
+                                   SINKS, RECENT, s_held, rec_start, L - rec_start, offs_n, offs_d, DOT_BF16, BLOCK_N)
     empty = l == 0.0
     o = acc / tl.where(empty, 1.0, l)[:, None]
     lse = tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, l)))
@@ -150,24 +161,27 @@ def decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr,
     tl.store(po + offs_g[:, None] * stride_pog + offs_d[None, :], o, mask=g_ok[:, None])
     tl.store(pl_ptr + b * stride_plb + h * stride_plh + s * stride_pls + offs_g, lse, mask=g_ok)
 
-@triton.jit
+@triton.jit(do_not_specialize=["SPLITS", "G"])
 def decode_merge_kernel(po_ptr, pl_ptr, o_ptr, lse_ptr,
                         stride_pob, stride_poh, stride_pos, stride_pog,
                         stride_plb, stride_plh, stride_pls,
                         stride_ob, stride_oh, stride_lb,
-                        SPLITS, G: tl.constexpr, D: tl.constexpr, SPLITS_PAD: tl.constexpr):
-    "One (sequence, query head): merge the SPLITS partial outputs by log-sum-exp."
+                        SPLITS, G, D: tl.constexpr, SPLITS_PAD: tl.constexpr):
+    "One (sequence, query head): merge the SPLITS partial outputs by log-sum-exp (one partial row in registers at a time)."
     b, hq = tl.program_id(0), tl.program_id(1)
     h, g = hq // G, hq % G
     offs_s, offs_d = tl.arange(0, SPLITS_PAD), tl.arange(0, D)
-    s_ok = offs_s < SPLITS
-    lse = tl.load(pl_ptr + b * stride_plb + h * stride_plh + offs_s * stride_pls + g, mask=s_ok, other=float("-inf"))
+    pl = pl_ptr + b * stride_plb + h * stride_plh + g
+    lse = tl.load(pl + offs_s * stride_pls, mask=offs_s < SPLITS, other=float("-inf"))
     mx = tl.max(lse, 0)
-    w = tl.where(s_ok & (lse > float("-inf")), tl.exp(lse - mx), 0.0)
-    part = tl.load(po_ptr + b * stride_pob + h * stride_poh + offs_s[:, None] * stride_pos + g * stride_pog + offs_d[None, :],
-                   mask=s_ok[:, None], other=0.0)
-    wsum = tl.sum(w, 0)
-    tl.store(o_ptr + b * stride_ob + hq * stride_oh + offs_d, tl.sum(w[:, None] * part, 0) / wsum)
+    wsum = tl.sum(tl.where(lse > float("-inf"), tl.exp(lse - mx), 0.0), 0)
+    po = po_ptr + b * stride_pob + h * stride_poh + g * stride_pog + offs_d
+    o = tl.zeros([D], tl.float32)
+    for s in range(0, SPLITS):
+        ls = tl.load(pl + s * stride_pls)
+        if ls > float("-inf"):                      # an empty share wrote zeros and -inf: skip it
+            o += tl.exp(ls - mx) * tl.load(po + s * stride_pos)
+    tl.store(o_ptr + b * stride_ob + hq * stride_oh + offs_d, o / wsum)
     tl.store(lse_ptr + b * stride_lb + hq, mx + tl.log(wsum))
 
 # %% ../../nbs/32_kernels.decode.ipynb #bf8446d0
@@ -229,6 +243,12 @@ def _meta(codec, fmt):
     "NQ: scales per row (hq-e8-2b's quarters; 1 for bf16)."
     return dict(NQ=codec.quarters if fmt == 1 else 1)
 
+def _block_n(block_n, page_size):
+    "K/V rows per step: a power of two >= 16 that divides the page (capped at the page size)."
+    block_n = min(block_n, page_size)
+    if block_n < 16 or block_n & (block_n - 1): raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
+    return block_n
+
 def default_splits(batch:int, kv_heads:int, pages_per_seq:int) -> int:
     "Enough programs to fill the GPU (about 2 per SM), never more splits than pages; 2 under the interpreter."
     if interpreting() or not torch.cuda.is_available(): return 2
@@ -246,6 +266,7 @@ def decode(q:Tensor, # float [B, Hq, D], original domain; Hq a multiple of kv_he
            splits:int|None=None, # split-K factor (default: enough programs to fill the GPU)
            workspace:DecodeWorkspace|None=None, # reused split partials (allocated here when None)
            return_lse:bool=False,
+           block_n:int|None=None, # K/V rows per step (default: `hqkv.kernels.tile`'s for this head size and GPU; divides the page size)
           ) -> Tensor|tuple[Tensor, Tensor]: # o [B, Hq, D] in q's dtype (and lse float32 [B, Hq])
     "Paged decode attention over coded pages in Triton (same contract as `hqkv.attention.paged_decode`)."
     fmt = kernel_format(codec)
@@ -274,14 +295,16 @@ def decode(q:Tensor, # float [B, Hq, D], original domain; Hq a multiple of kv_he
     table = _e8_table(codec, dev) if fmt == 1 else qr
     o_rot = torch.empty(B, Hq, D, device=dev); lse = torch.empty(B, Hq, device=dev)
     po, pl = ws.o, ws.lse
+    t = tile("decode", D, dev)
+    block_n = _block_n(t.block_n if block_n is None else block_n, PAGE)
     decode_kernel[(B, Hkv, splits)](
         qr, kp, vp, indptr, indices, last_page_len, *wt, table, po, pl,
         qr.stride(0), qr.stride(1), kp.stride(0), kp.stride(1), kp.stride(2), *wst,
         po.stride(0), po.stride(1), po.stride(2), po.stride(3), pl.stride(0), pl.stride(1), pl.stride(2),
-        S, R, splits, G=G, G_PAD=max(16, triton.next_power_of_2(G)), D=D, PAGE=PAGE, FORMAT=fmt, **_meta(codec, fmt), WINDOW=has_w,
-        DOT_BF16=not interpreting(), num_warps=8 if D >= 256 else 4)
+        S, R, splits, G, PAGE, G_PAD=max(16, triton.next_power_of_2(G)), D=D, BLOCK_N=block_n, FORMAT=fmt, **_meta(codec, fmt),
+        WINDOW=has_w, DOT_BF16=not interpreting(), num_warps=t.num_warps, num_stages=t.num_stages)
     decode_merge_kernel[(B, Hq)](
         po, pl, o_rot, lse, po.stride(0), po.stride(1), po.stride(2), po.stride(3), pl.stride(0), pl.stride(1), pl.stride(2),
-        o_rot.stride(0), o_rot.stride(1), lse.stride(0), splits, G=G, D=D, SPLITS_PAD=max(2, triton.next_power_of_2(splits)))
+        o_rot.stride(0), o_rot.stride(1), lse.stride(0), splits, G, D=D, SPLITS_PAD=max(2, triton.next_power_of_2(splits)))
     o = codec.unrotate(o_rot).to(q.dtype)                           # rotate the output back once
     return (o, lse) if return_lse else o

@@ -13,14 +13,14 @@ import triton.language as tl
 from torch import Tensor
 from ..codec import Codec
 from ..attention import ExactWindow
-from . import kernel_format, check_device, interpreting
-from .decode import _load_rows, _attend, _window_blocks, _check_pages, _page_view, _check_i32, _window_args, _e8_table, _meta
+from . import kernel_format, check_device, interpreting, tile
+from .decode import _load_rows, _attend, _code_blocks, _window_blocks, _block_n, _check_pages, _page_view, _check_i32, _window_args, _e8_table, _meta
 
 # %% auto #0
 __all__ = ['prefill_kernel', 'prefill']
 
 # %% ../../nbs/33_kernels.prefill.ipynb #9a8989a4
-@triton.jit
+@triton.jit(do_not_specialize=["SINKS", "RECENT", "G", "PAGE"])
 def prefill_kernel(q_ptr, kn_ptr, vn_ptr, qo_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, prefix_ptr,
                    ks_ptr, vs_ptr, kr_ptr, vr_ptr, wslot_ptr, table_ptr, o_ptr, lse_ptr,
                    stride_qt, stride_qh, stride_nt, stride_nh,
@@ -28,15 +28,15 @@ def prefill_kernel(q_ptr, kn_ptr, vn_ptr, qo_ptr, k_ptr, v_ptr, indptr_ptr, indi
                    stride_ss, stride_sn, stride_sh,
                    stride_rs, stride_rn, stride_rh,
                    stride_ot, stride_oh, stride_lt,
-                   SINKS, RECENT,
-                   G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+                   SINKS, RECENT, G, PAGE,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
                    FORMAT: tl.constexpr, NQ: tl.constexpr, WINDOW: tl.constexpr, DOT_BF16: tl.constexpr):
-    "One (sequence, KV head, tile of packed query rows): prefix pages + window + causal chunk."
+    "One (sequence, KV head, tile of packed query rows): prefix code blocks + window + causal chunk."
     b, h, mt = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     q0 = tl.load(qo_ptr + b)
     C = tl.load(qo_ptr + b + 1) - q0
     if mt * BLOCK_M < C * G:
-        offs_m, offs_d, offs_n = mt * BLOCK_M + tl.arange(0, BLOCK_M), tl.arange(0, D), tl.arange(0, PAGE)
+        offs_m, offs_d, offs_n = mt * BLOCK_M + tl.arange(0, BLOCK_M), tl.arange(0, D), tl.arange(0, BLOCK_N)
         r_ok = offs_m < C * G
         qi = offs_m // G
         qh = h * G + offs_m % G
@@ -48,7 +48,7 @@ def prefill_kernel(q_ptr, kn_ptr, vn_ptr, qo_ptr, k_ptr, v_ptr, indptr_ptr, indi
         m = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D], tl.float32)
-        # 1. the prefix's code pages
+        # 1. the prefix's code blocks
         P = tl.load(prefix_ptr + b)
         p0 = tl.load(indptr_ptr + b)
         if WINDOW:
@@ -56,28 +56,20 @@ def prefill_kernel(q_ptr, kn_ptr, vn_ptr, qo_ptr, k_ptr, v_ptr, indptr_ptr, indi
             rec_start = tl.maximum(SINKS, P - RECENT)
         else:
             s_held = 0; rec_start = P
-        n_code = tl.cdiv(tl.minimum(rec_start, P), PAGE)   # P < SINKS: no code page is read (the table may hold none)
-        for j in range(0, n_code):
-            page = tl.load(indices_ptr + p0 + j).to(tl.int64)
-            pos = j * PAGE + offs_n
-            in_seq = pos < P
-            base = page * stride_kp + h * stride_kh
-            k = _load_rows(k_ptr + base, offs_n, in_seq, offs_d, stride_kn, table_ptr, FORMAT, D, NQ, PAGE)
-            v = _load_rows(v_ptr + base, offs_n, in_seq, offs_d, stride_kn, table_ptr, FORMAT, D, NQ, PAGE)
-            vis = in_seq & (pos >= s_held) & (pos < rec_start)
-            m, l, acc = _attend(q_hi, q_lo, k, v, vis[None, :], m, l, acc, DOT_BF16)
+        n_code = tl.cdiv(tl.minimum(rec_start, P), BLOCK_N)   # P < SINKS: no code page is read (the table may hold none)
+        m, l, acc = _code_blocks(q_hi, q_lo, m, l, acc, 0, n_code, p0, h, indices_ptr, k_ptr, v_ptr, table_ptr,
+                                 stride_kp, stride_kn, stride_kh, PAGE, P, s_held, rec_start, offs_n, offs_d, FORMAT, D, NQ, BLOCK_N, DOT_BF16)
         # 2. the window's exact rows of the prefix
         if WINDOW:
             slot = tl.load(wslot_ptr + b).to(tl.int64)
-            n_win = tl.cdiv(SINKS, PAGE) + tl.cdiv(RECENT, PAGE)
+            n_win = tl.cdiv(SINKS, BLOCK_N) + tl.cdiv(RECENT, BLOCK_N)
             m, l, acc = _window_blocks(q_hi, q_lo, m, l, acc, n_code, n_code + n_win, n_code, slot, h, ks_ptr, vs_ptr, kr_ptr, vr_ptr,
                                        stride_ss, stride_sn, stride_sh, stride_rs, stride_rn, stride_rh,
-                                       SINKS, RECENT, s_held, rec_start, P - rec_start, offs_n, offs_d, DOT_BF16, PAGE)
+                                       SINKS, RECENT, s_held, rec_start, P - rec_start, offs_n, offs_d, DOT_BF16, BLOCK_N)
         # 3. the chunk's own exact K/V, causal
-        offs_c = tl.arange(0, BLOCK_N)
         last_q = (tl.minimum(C * G, (mt + 1) * BLOCK_M) - 1) // G
         for j in range(0, last_q + 1, BLOCK_N):
-            kpos = j + offs_c
+            kpos = j + offs_n
             k_ok = kpos < C
             ptrs = (q0 + kpos)[:, None].to(tl.int64) * stride_nt + h * stride_nh + offs_d[None, :]
             k = tl.load(kn_ptr + ptrs, mask=k_ok[:, None], other=0.0)
@@ -98,7 +90,7 @@ def prefill(q:Tensor, # float [T, Hq, D]: the chunks' queries (original domain)
             codec:Codec, scale:float|None=None,
             window:ExactWindow|None=None, window_slots:Tensor|None=None,
             max_chunk:int|None=None, # >= the longest chunk (default: read from qo_indptr, a device sync); rows beyond it are not computed
-            block_m:int|None=None, block_n:int=64, # tile sizes (rows of packed queries, chunk keys)
+            block_m:int|None=None, block_n:int|None=None, # tile sizes: packed query rows, K/V rows per step (default: `hqkv.kernels.tile`'s)
             return_lse:bool=False,
            ) -> Tensor|tuple[Tensor, Tensor]: # o [T, Hq, D] in q's dtype (and lse float32 [T, Hq])
     "Chunked-prefill attention over coded prefix pages + the chunk's exact K/V, causal, in Triton."
@@ -119,7 +111,8 @@ def prefill(q:Tensor, # float [T, Hq, D]: the chunks' queries (original domain)
     dev = check_device(q, k_new, v_new, qo_indptr, k_pages, v_pages, indptr, indices, prefix_lens)
     if T == 0: return (q.new_empty(0, Hq, D), torch.empty(0, Hq, device=dev)) if return_lse else q.new_empty(0, Hq, D)
     if max_chunk is None: max_chunk = int((qo_indptr[1:] - qo_indptr[:-1]).max())
-    if block_m is None: block_m = 64 if D > 128 or interpreting() else 128   # a first guess: tune on a GPU
+    t = tile("prefill", D, dev)
+    block_m, block_n = t.block_m if block_m is None else block_m, _block_n(t.block_n if block_n is None else block_n, PAGE)
     scale = 1 / math.sqrt(D) if scale is None else float(scale)
     qr = (codec.rotate(q.float()) * scale).contiguous()
     kr, vr = codec.rotate(k_new.float()).contiguous(), codec.rotate(v_new.float()).contiguous()
@@ -132,7 +125,7 @@ def prefill(q:Tensor, # float [T, Hq, D]: the chunks' queries (original domain)
         qr, kr, vr, qo_indptr, kp, vp, indptr, indices, prefix_lens, *wt, table, o_rot, lse,
         qr.stride(0), qr.stride(1), kr.stride(0), kr.stride(1), kp.stride(0), kp.stride(1), kp.stride(2), *wst,
         o_rot.stride(0), o_rot.stride(1), lse.stride(0),
-        S, R, G=G, BLOCK_M=block_m, BLOCK_N=block_n, D=D, PAGE=PAGE, FORMAT=fmt, **_meta(codec, fmt), WINDOW=has_w, DOT_BF16=not interpreting(),
-        num_warps=8 if D >= 256 else 4)
+        S, R, G, PAGE, BLOCK_M=block_m, BLOCK_N=block_n, D=D, FORMAT=fmt, **_meta(codec, fmt), WINDOW=has_w, DOT_BF16=not interpreting(),
+        num_warps=t.num_warps, num_stages=t.num_stages)
     o = codec.unrotate(o_rot).to(q.dtype)
     return (o, lse) if return_lse else o

@@ -1,0 +1,349 @@
+#!/usr/bin/env python
+"""Compile every launch configuration of hqkv's Triton kernels ahead of time, for GPUs this machine does not have.
+
+Nothing here needs a GPU. The launchers themselves (`hqkv.kernels.store/decode/prefill`, and `hqkv.vllm`'s
+`store_rows`/`attend` as the vLLM plugin calls them) run on small CPU tensors with their `@triton.jit` kernels
+swapped for recorders: each launch is kept, not run. Triton's own binder turns the recorded arguments into the
+signature, constexprs, divisibility attributes and options a GPU launch would compile (so block sizes,
+`num_warps` and `num_stages` are the launchers' own, read from `hqkv.kernels.TILES` through them, never copied
+here), `triton.compile` builds PTX and a cubin for each target, and `ptxas -v` reports registers, spills and
+stack. Shared memory is Triton's (`metadata.shared`, what a launch asks for).
+
+    python kernels/compile_check.py                 # every configuration, sm_80 + sm_90 (+ sm_100), -> kernels/resources.md + JSON
+    python kernels/compile_check.py --quick         # GQA groups 1, 4, 8 and vLLM block sizes 16, 128 only
+    python kernels/compile_check.py --arch 90 --kernel prefill --head-dim 256   # one slice, printed
+
+Exit status 1 names every configuration that cannot launch (shared memory over the arch's per-block limit,
+more than 255 registers, a compile error); spills are reported, and fail too with --strict.
+"""
+from __future__ import annotations
+import os
+os.environ["TRITON_INTERPRET"] = "0"             # compile for real; the launchers are fooled about the device below
+os.environ.setdefault("TRITON_ALWAYS_COMPILE", "1")   # ptxas must run (its log is the measurement)
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, said out loud (silences its warning)
+import argparse, contextlib, io, itertools, json, re, sys, tempfile, time
+from dataclasses import dataclass, field, asdict
+
+os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="hqkv-kernel-check-"))
+import torch
+import triton
+from triton import knobs
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, make_backend
+from triton.runtime.jit import create_function_from_signature
+
+import hqkv.kernels as K
+import hqkv.kernels.store as store_mod
+import hqkv.kernels.decode as decode_mod
+import hqkv.kernels.prefill as prefill_mod
+import hqkv.vllm as vllm_mod
+from hqkv.attention import ExactWindow
+from hqkv.codec import get_codec
+
+# Per-arch limits (CUDA programming guide, "Technical specifications per compute capability"): the largest
+# dynamic shared memory one block may opt into, shared memory and registers per SM, threads per SM.
+ARCHS = {
+    80:  dict(name="sm_80 (A100)", smem_block=163 * 1024, smem_sm=164 * 1024, regs_sm=65536, threads_sm=2048, blocks_sm=32),
+    90:  dict(name="sm_90 (H100/H200)", smem_block=227 * 1024, smem_sm=228 * 1024, regs_sm=65536, threads_sm=2048, blocks_sm=32),
+    100: dict(name="sm_100 (B200)", smem_block=227 * 1024, smem_sm=228 * 1024, regs_sm=65536, threads_sm=2048, blocks_sm=32),
+}
+MAX_REGS = 255
+GROUPS = tuple(range(1, 9))          # GQA group sizes (query heads per KV head)
+VLLM_BLOCKS = (16, 32, 64, 128)      # vLLM --block-size values the plugin reads (powers of two; 16 is vLLM's default)
+ENGINE_PAGE = 64                     # KVPool page_tokens
+KV_HEADS = 4                         # strides follow from it (Qwen3.5-27B's 4 KV heads); the kernels' code does not
+
+
+# ---------------------------------------------------------------- recording the launchers' launches
+@dataclass
+class Launch:
+    fn: object      # the JITFunction
+    args: tuple
+    kwargs: dict
+
+class Recorder:
+    "Stands in for a `@triton.jit` kernel inside a launcher: `kernel[grid](*args, **kw)` keeps the launch instead of running it."
+    def __init__(self, fn, sink): self.fn, self.sink = fn, sink
+    def __getitem__(self, grid): return lambda *a, **kw: self.sink.append(Launch(self.fn, a, kw))
+
+KERNEL_NAMES = {store_mod: ("store_kernel",), decode_mod: ("decode_kernel", "decode_merge_kernel"), prefill_mod: ("prefill_kernel",)}
+
+@contextlib.contextmanager
+def recording(arch:int):
+    "Launches made inside go to the returned list; the launchers see CPU tensors as a device and `arch` as its compute capability."
+    sink, saved = [], []
+    def patch(obj, name, val):
+        saved.append((obj, name, getattr(obj, name))); setattr(obj, name, val)
+    for mod, names in KERNEL_NAMES.items():
+        for n in names: patch(mod, n, Recorder(getattr(mod, n), sink))
+        patch(mod, "check_device", lambda *ts: ts[0].device)
+    if hasattr(K, "device_arch"): patch(K, "device_arch", lambda dev=None: arch)
+    try: yield sink
+    finally:
+        for obj, name, val in reversed(saved): setattr(obj, name, val)
+
+
+# ---------------------------------------------------------------- the configurations: how the engine and the vLLM plugin call
+@dataclass(frozen=True)
+class Config:
+    path: str        # "engine" (hqkv's PagedKV: pool pages) or "vllm" (the plugin: vLLM's LBHNC cache views)
+    op: str          # store, decode, prefill
+    fmt: str
+    head_dim: int
+    group: int = 0   # GQA group (0: the op does not read it)
+    window: bool = False
+    page: int = ENGINE_PAGE
+    def label(self) -> str:
+        s = f"{self.path}/{self.op} {self.fmt} D={self.head_dim}"
+        if self.group: s += f" G={self.group}"
+        if self.op != "store": s += f" window={'on' if self.window else 'off'}"
+        return s + f" page={self.page}"
+
+def configs(quick=False, kernels=None, head_dims=None, formats=None, groups=None, blocks=None):
+    groups = groups or ((1, 4, 8) if quick else GROUPS)
+    blocks = blocks or ((16, 128) if quick else VLLM_BLOCKS)
+    out = []
+    for fmt, D in itertools.product(formats or K.KERNEL_FORMATS, head_dims or K.KERNEL_HEAD_DIMS):
+        out.append(Config("engine", "store", fmt, D))
+        out += [Config("vllm", "store", fmt, D, page=bs) for bs in blocks]
+        for G, win in itertools.product(groups, (False, True)):
+            out.append(Config("engine", "decode", fmt, D, G, win))
+            out.append(Config("engine", "prefill", fmt, D, G, win))
+            out += [Config("vllm", "prefill", fmt, D, G, win, page=bs) for bs in blocks]
+    if kernels: out = [c for c in out if c.op in kernels]
+    return out
+
+SPLITS = (2, 16, 64)    # decode's split-K factor: default_splits picks 1..64 by SM count; these cover the merge's SPLITS_PAD extremes and the
+                        # divisibility specialisations of SPLITS (a runtime int); the decode kernel itself does not depend on it
+
+def call(cfg:Config):
+    "Run the launcher(s) the way `cfg.path` does, on CPU tensors (inside `recording`)."
+    c = get_codec(cfg.fmt, head_dim=cfg.head_dim)
+    D, H, G, i32 = cfg.head_dim, KV_HEADS, max(cfg.group, 1), torch.int32
+    B, pages_per_seq = 2, 3
+    n_pages = B * pages_per_seq
+    torch.manual_seed(0)
+    if cfg.path == "engine":
+        kp = torch.zeros(n_pages, cfg.page, H, c.row_bytes, dtype=torch.uint8); vp = torch.zeros_like(kp)
+    else:
+        cache = torch.zeros(n_pages, H, cfg.page, 2 * c.row_bytes, dtype=torch.uint8)
+        kp, vp = vllm_mod.kv_views(cache, c)
+    win = ExactWindow.allocate(B, H, D, sinks=32 if cfg.path == "engine" else vllm_mod.WINDOW_SINKS, recent=512) if cfg.window else None
+    indptr = torch.tensor([0, pages_per_seq, n_pages], dtype=i32)
+    indices = torch.arange(n_pages, dtype=i32)
+    if cfg.op == "store":
+        T = 48
+        x = torch.randn(T, H, D)
+        slots = torch.randperm(n_pages * cfg.page)[:T]
+        if cfg.path == "engine": store_mod.store(x, x, kp, vp, slots, c)
+        else: vllm_mod.store_rows(cache, x, x, slots, c, kernels="triton")
+    elif cfg.op == "decode":
+        q = torch.randn(B, H * G, D)
+        last = torch.tensor([cfg.page, cfg.page // 2], dtype=i32)
+        for s in SPLITS:
+            decode_mod.decode(q, kp, vp, indptr, indices, last, c, window=win, splits=s)
+    else:
+        chunk = 40
+        T = B * chunk
+        q, k = torch.randn(T, H * G, D), torch.randn(T, H, D)
+        qo = torch.tensor([0, chunk, T], dtype=i32)
+        prefix = torch.tensor([pages_per_seq * cfg.page, pages_per_seq * cfg.page - 5], dtype=i32)
+        if cfg.path == "engine":
+            prefill_mod.prefill(q, k, k, qo, kp, vp, indptr, indices, prefix, c, window=win, max_chunk=chunk)
+        else:
+            seq_lens = prefix + chunk
+            bt = indices.reshape(B, pages_per_seq).long()
+            batch = vllm_mod.PagedBatch(T, qo, prefix, indptr, indices, torch.zeros(T, dtype=torch.int64), cfg.page, bt)
+            vllm_mod.attend(q, k, k, cache, batch, c, D ** -0.5, window=win, kernels="triton")
+
+
+# ---------------------------------------------------------------- compiling one launch for one arch
+@dataclass
+class Result:
+    kernel: str
+    arch: int
+    num_warps: int
+    num_stages: int
+    constexprs: dict
+    registers: int = 0
+    spill_stores: int = 0
+    spill_loads: int = 0
+    stack: int = 0
+    shared: int = 0
+    blocks_per_sm: int = 0
+    seconds: float = 0.0
+    error: str = ""
+
+PTXAS_RE = dict(registers=r"Used (\d+) registers", stack=r"(\d+) bytes stack frame", spill_stores=r"(\d+) bytes spill stores",
+                spill_loads=r"(\d+) bytes spill loads")
+
+def occupancy(arch, regs, shared, warps) -> int:
+    "Resident blocks per SM the resources allow (registers allocated per warp in units of 256, 1 KiB of shared memory reserved per block)."
+    a = ARCHS[arch]
+    regs_warp = -(-max(regs, 1) * 32 // 256) * 256
+    by_regs = a["regs_sm"] // (regs_warp * warps)
+    by_smem = a["smem_sm"] // (shared + 1024)
+    by_threads = a["threads_sm"] // (32 * warps)
+    return max(0, min(by_regs, by_smem, by_threads, a["blocks_sm"]))
+
+def launch_key(launch:Launch, arch:int):
+    "What Triton would compile for this launch on `arch`: (fn, signature, constexprs, attrs, options) and a hashable key."
+    target = GPUTarget("cuda", arch, 32)
+    backend = make_backend(target)
+    fn = launch.fn
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    bound, spec, opts = binder(*launch.args, **launch.kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(backend, launch.kwargs, bound, spec, opts)
+    named = {fn.arg_names[k[0]]: v for k, v in constexprs.items()}
+    key = (fn.__name__, arch, json.dumps(signature, sort_keys=True), repr(sorted(constexprs.items())), repr(sorted(attrs.items())),
+           options.num_warps, options.num_stages)
+    return key, (target, fn, signature, constexprs, attrs, options, named)
+
+def compile_one(target, fn, signature, constexprs, attrs, options, named) -> Result:
+    r = Result(fn.__name__, target.arch, options.num_warps, options.num_stages, dict(named))
+    t0 = time.perf_counter()
+    buf = io.StringIO()
+    knobs.nvidia.dump_ptxas_log = True
+    try:
+        with contextlib.redirect_stdout(buf):
+            k = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+        log = buf.getvalue()
+        for name, rx in PTXAS_RE.items():
+            m = re.search(rx, log)
+            setattr(r, name, int(m.group(1)) if m else 0)
+        r.shared = int(k.metadata.shared)
+        r.blocks_per_sm = occupancy(target.arch, r.registers, r.shared, r.num_warps)
+    except Exception as e:   # a compile error is a result: the configuration cannot launch
+        msg = str(e).strip().splitlines()
+        r.error = f"{type(e).__name__}: {msg[0] if msg else ''}"[:300]
+    r.seconds = round(time.perf_counter() - t0, 2)
+    return r
+
+def problems(r:Result, strict=False) -> list[str]:
+    a = ARCHS[r.arch]
+    out = []
+    if r.error: out.append(f"compile error ({r.error})")
+    else:
+        if r.shared > a["smem_block"]: out.append(f"shared memory {r.shared / 1024:.0f} KiB > {a['smem_block'] // 1024} KiB")
+        if r.registers > MAX_REGS: out.append(f"{r.registers} registers > {MAX_REGS}")
+        if strict and (r.spill_stores or r.spill_loads): out.append(f"spills {r.spill_stores}/{r.spill_loads} B")
+    return out
+
+
+# ---------------------------------------------------------------- the report
+def kib(b): return f"{b / 1024:.0f}" if b >= 10 * 1024 or b == 0 else f"{b / 1024:.1f}"
+
+def summary_rows(rows:list[dict]) -> list[dict]:
+    "One row per (kernel, format, head_dim, arch): the worst over GQA groups, window on/off, paths and page sizes."
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["kernel"], r["fmt"], r["head_dim"], r["arch"]), []).append(r)
+    out = []
+    for (kern, fmt, D, arch), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2], kv[0][3])):
+        ok = [r for r in rs if not r["error"]]
+        worst = max(rs, key=lambda r: (bool(r["error"]), r["shared"], r["spill_stores"] + r["spill_loads"], r["registers"]))
+        out.append(dict(kernel=kern, fmt=fmt, head_dim=D, arch=arch, configs=len(rs), errors=len(rs) - len(ok),
+                        registers=max((r["registers"] for r in ok), default=0),
+                        spill_stores=max((r["spill_stores"] for r in ok), default=0), spill_loads=max((r["spill_loads"] for r in ok), default=0),
+                        stack=max((r["stack"] for r in ok), default=0), shared=max((r["shared"] for r in ok), default=0),
+                        blocks_per_sm=min((r["blocks_per_sm"] for r in ok), default=0),
+                        num_warps=sorted({r["num_warps"] for r in rs}), num_stages=sorted({r["num_stages"] for r in rs}),
+                        tiles=sorted({_tiles(r) for r in rs}), launchable=all(not r["problems"] for r in rs),
+                        worst=worst["config"]))
+    return out
+
+def _tiles(r):
+    c = r["constexprs"]
+    return " ".join(f"{k}={c[k]}" for k in ("BLOCK_M", "BLOCK_N", "BLOCK_T", "PB", "SPLITS_PAD") if k in c)
+
+def table_md(summary:list[dict]) -> str:
+    head = ("| kernel | format | head dim | arch | configs | registers | spill st/ld (B) | stack (B) | shared (KiB) | blocks/SM | warps | stages | tiles | launchable |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+    lines = []
+    for s in summary:
+        lines.append(f"| {s['kernel']} | {s['fmt']} | {s['head_dim']} | sm_{s['arch']} | {s['configs']} | {s['registers']} | "
+                     f"{s['spill_stores']} / {s['spill_loads']} | {s['stack']} | {kib(s['shared'])} | {s['blocks_per_sm']} | "
+                     f"{'/'.join(map(str, s['num_warps']))} | {'/'.join(map(str, s['num_stages']))} | {'; '.join(s['tiles'])} | "
+                     f"{'yes' if s['launchable'] else '**no**'}{_errors(s)} |")
+    return head + "\n".join(lines) + "\n"
+
+def _errors(s): return f" ({s['errors']} compile errors)" if s["errors"] else ""
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", type=int, nargs="*", default=None, help="compute capabilities (default: 80 90, and 100 when the bundled ptxas compiles it)")
+    ap.add_argument("--kernel", nargs="*", choices=("store", "decode", "prefill"), default=None)
+    ap.add_argument("--head-dim", type=int, nargs="*", default=None)
+    ap.add_argument("--format", nargs="*", default=None)
+    ap.add_argument("--quick", action="store_true", help="GQA groups 1, 4, 8 and vLLM block sizes 16, 128")
+    ap.add_argument("--groups", type=int, nargs="*", default=None, help="GQA group sizes (default 1-8)")
+    ap.add_argument("--blocks", type=int, nargs="*", default=None, help="vLLM block sizes (default 16 32 64 128)")
+    ap.add_argument("--strict", action="store_true", help="fail on spills too")
+    ap.add_argument("--json", default=None, help="write every row here (default with no slice: nbs/results/kernel_resources.json)")
+    ap.add_argument("--md", default=None, help="write the table here (default with no slice: kernels/resources.md's generated part)")
+    ap.add_argument("--label", default="", help="a name for this run in the JSON (e.g. before/after)")
+    a = ap.parse_args(argv)
+    archs = a.arch or [80, 90, 100]
+    sliced = bool(a.kernel or a.head_dim or a.format or a.arch or a.quick or a.groups or a.blocks)
+    cfgs = configs(a.quick, a.kernel, a.head_dim, a.format, a.groups, a.blocks)
+    t_start = time.perf_counter()
+    cache, rows, failed = {}, [], []
+    for arch in archs:
+        for cfg in cfgs:
+            with recording(arch) as launches:
+                call(cfg)
+            seen = set()
+            for L in launches:
+                key, spec = launch_key(L, arch)
+                if key in seen: continue
+                seen.add(key)
+                if key not in cache:
+                    cache[key] = compile_one(*spec)
+                    if arch == 100 and cache[key].error and "ptxas" in cache[key].error.lower() and len(cache) == 1:
+                        print(f"sm_100: the bundled ptxas cannot compile it ({cache[key].error}); skipped", file=sys.stderr)
+                r = cache[key]
+                ps = problems(r, a.strict)
+                row = dict(config=cfg.label(), path=cfg.path, op=cfg.op, fmt=cfg.fmt, head_dim=cfg.head_dim, group=cfg.group,
+                           window=cfg.window, page=cfg.page, **asdict(r), problems=ps)
+                rows.append(row)
+                if ps: failed.append(f"{cfg.label()} {r.kernel} sm_{arch}: {'; '.join(ps)}")
+                print(f"{cfg.label():58s} {r.kernel:20s} sm_{arch:<3d} regs {r.registers:3d} spill {r.spill_stores:5d}/{r.spill_loads:<5d} "
+                      f"smem {kib(r.shared):>4s} KiB  warps {r.num_warps} stages {r.num_stages}  {_tiles(row)}  {r.seconds:5.1f}s"
+                      + (f"  !! {'; '.join(ps)}" if ps else ""), flush=True)
+    elapsed = time.perf_counter() - t_start
+    summary = summary_rows(rows)
+    out = dict(label=a.label, triton=triton.__version__, seconds=round(elapsed, 1), compiles=len(cache), configurations=len(cfgs),
+               archs=archs, limits={str(k): v for k, v in ARCHS.items() if k in archs}, summary=summary, rows=rows)
+    js = a.json or (None if sliced else "nbs/results/kernel_resources.json")
+    if js:
+        with open(js, "w") as f: json.dump(out, f, indent=1, default=str)
+    md = table_md(summary)
+    if a.md or not sliced:
+        write_md(a.md or "kernels/resources.md", md, out)
+    print(f"\n{len(cfgs)} configurations x {len(archs)} archs, {len(cache)} distinct compiles, {elapsed:.0f} s")
+    print(md)
+    spills = sum(1 for r in rows if r["spill_stores"] or r["spill_loads"])
+    if spills: print(f"{spills} of {len(rows)} configuration rows spill (see the table)")
+    if failed:
+        print(f"\n{len(failed)} configurations cannot launch:", file=sys.stderr)
+        for f in failed: print("  " + f, file=sys.stderr)
+        return 1
+    return 0
+
+MD_START, MD_END = "<!-- kernel-check: generated, do not edit -->", "<!-- /kernel-check -->"
+
+def write_md(path, table, out):
+    "Replace the generated part of `path` (between the markers) with this run's table, keeping the prose around it."
+    body = (f"{MD_START}\n`make kernel-check` on Triton {out['triton']}: {out['configurations']} configurations x "
+            f"{len(out['archs'])} archs, {out['compiles']} distinct compiles in {out['seconds']:.0f} s on one core. "
+            f"One row per (kernel, format, head dim, arch): the worst over GQA groups 1-8, window on/off, the engine's "
+            f"pages and vLLM's block sizes; every configuration is in `nbs/results/kernel_resources.json`.\n\n{table}{MD_END}")
+    old = open(path).read() if os.path.exists(path) else "# Kernel resources\n\n" + MD_START + MD_END
+    if MD_START in old and MD_END in old:
+        new = old[:old.index(MD_START)] + body + old[old.index(MD_END) + len(MD_END):]
+    else: new = old.rstrip() + "\n\n" + body + "\n"
+    with open(path, "w") as f: f.write(new)
+
+if __name__ == "__main__":
+    sys.exit(main())
