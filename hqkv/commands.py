@@ -316,10 +316,11 @@ def _serve_run(a) -> int:
     def stop(*_): server.should_exit = True; worker._inbox.put(("stop", None))
     signal.signal(signal.SIGTERM, stop)
     http.start()
-    print(f"hqkv serve: {eng.lm.name} on http://{a.host}:{sock.getsockname()[1]}/v1", flush=True)
+    base = f"http://{a.host}:{sock.getsockname()[1]}"
+    print(f"hqkv serve: {eng.lm.name} on {base}/v1 · the Playground: {base}/", flush=True)
     try: worker.run()                                # the engine owns the main thread; the HTTP side runs beside it
     except KeyboardInterrupt: pass
     finally: stop(); http.join(10)
     return 0
 
-register_command("serve", "an OpenAI-compatible HTTP server (completions, chat, streaming, /metrics) over the engine", _serve_setup, _serve_run)
+register_command("serve", "an OpenAI-compatible HTTP server (completions, chat, streaming, /metrics; the Playground at /) over the engine", _serve_setup, _serve_run)

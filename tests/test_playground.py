@@ -1,9 +1,9 @@
 """The Playground (`hqkv serve`'s `GET /`) in a real browser: a server on SmolLM2-135M (127.0.0.1, a free port, started
 and stopped here) and headless Chromium (Debian's package, as the docs test uses) driven over the DevTools protocol
-through a websocket (`websocket-client`, nothing else installed). The page shows a 400 as the server's message, streams an
-answer, finds its own request's pages in the Monitor while it streams, and the pool's used pages rise and fall back.
+through a websocket (`websocket-client`, nothing else installed). The page shows a 400 and a 429 as the server's messages,
+streams an answer, finds its own request's pages in the Monitor while it streams, and the pool's used pages rise and fall back.
 A screenshot taken while the second answer streams goes to nbs/results/playground.png (the README shows it)."""
-import base64, json, os, shutil, socket, subprocess, sys, tempfile, time
+import base64, json, os, shutil, socket, subprocess, sys, tempfile, threading, time
 from contextlib import contextmanager
 from pathlib import Path
 import pytest
@@ -123,6 +123,29 @@ def ask(dt: DevTools, prompt: str, max_tokens, temperature=0):
               document.getElementById('temperature').value = {json.dumps(str(temperature))};
               document.getElementById('send').click(); true""")
 
+@contextmanager
+def busy_server(base: str):
+    "One request running and one waiting (a server of one lane and a queue of one): the next is refused with 429; both hang up after."
+    stop, started = threading.Event(), threading.Event()
+    def one():
+        body = {"prompt": "In the beginning God created the heaven and the earth. " * 4, "max_tokens": 300, "temperature": 0, "stream": True}
+        with httpx.stream("POST", base + "/v1/completions", json=body, timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "): started.set()
+                if stop.is_set(): return                          # hang up: the server cancels it and frees its pages
+    ts = [threading.Thread(target=one, daemon=True) for _ in range(2)]
+    ts[0].start()
+    assert started.wait(60), "the first request did not start"
+    ts[1].start()
+    for _ in range(200):
+        if "hqkv_engine_waiting 1.0" in httpx.get(base + "/metrics").text: break
+        time.sleep(0.05)
+    else: raise AssertionError("the second request is not waiting")
+    try: yield
+    finally:
+        stop.set()
+        for t in ts: t.join(60)
+
 def watch(dt: DevTools, answers: int, timeout: float, shot: Path|None = None) -> list:
     "What the page shows every 0.1 s until its answer count reaches `answers`; a screenshot once the answer is well under way."
     seen, t0 = [], time.monotonic()
@@ -143,7 +166,7 @@ def test_playground_in_chromium(tmp_path):
     except ModelUnavailable as e: pytest.skip(str(e))
     t_start = time.monotonic()
     with serve(tmp_path, "--model", "smollm2-135m", "--format", "hq-e8-2b", "--budget", "2Ktok", "--context", "1024",
-               "--key-profile", "off") as base, chromium(base + "/") as dt:
+               "--key-profile", "off", "--max-batch", "1", "--max-waiting", "1") as base, chromium(base + "/") as dt:
         dt.wait("(g => document.readyState === 'complete' && g && g.dataset.total)(document.getElementById('gauges'))", 30, "the Monitor's first poll")
         assert dt.js("document.title") == "hqkv Playground"
         dt.wait("document.getElementById('model').textContent === 'model smollm2-135m'", 10, "the model's name")
@@ -158,6 +181,13 @@ def test_playground_in_chromium(tmp_path):
         err = dt.wait("(e => !e.hidden && e.textContent)(document.getElementById('error'))", 20, "the error message")
         assert err.startswith("400 refused: ") and "exceeds the context of 1024 tokens" in err, err
         assert dt.js("window.hqkvPlayground.busy") is False and dt.js("document.querySelectorAll('#log .msg.assistant').length") == 0
+
+        # a full queue: the server's 429 with its Retry-After, readable on the page
+        with busy_server(base):
+            ask(dt, "Hello", 8)
+            err = dt.wait("(e => !e.hidden && e.textContent.startsWith('429') && e.textContent)(document.getElementById('error'))", 20, "the 429 message")
+        assert "the queue is full" in err and err.endswith("(retry after 1 s)"), err
+        dt.wait("Number(document.getElementById('gauges').dataset.used) === 0", 20, "the hung-up requests' pages back")
 
         # a chat answer streams; the Monitor finds this request's pages while it runs, then every page comes back
         ask(dt, "Explain in a few sentences what a KV cache is and why a paged one helps a server with many users.", 40)
@@ -175,7 +205,7 @@ def test_playground_in_chromium(tmp_path):
         dt.wait("Number(document.getElementById('gauges').dataset.used) === 0", 10, "the used pages back to 0")
         hist = dt.js("window.hqkvPlayground.history.map(r => r.used)")
         rises = sum(1 for a, b in zip(hist, hist[1:]) if a == 0 and b > 0)
-        assert rises >= 2 and hist[-1] == 0, hist                  # two requests: used rose twice from 0 and fell back
+        assert rises >= 3 and hist[-1] == 0, hist                  # the busy server's, then two answers: used rose from 0 and fell back
         assert max(v["mine_max"] for v in seen2) >= 1
     assert SHOT.is_file(), "no screenshot was taken while the second answer streamed"
     b = SHOT.read_bytes()
