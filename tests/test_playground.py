@@ -207,6 +207,12 @@ def test_playground_in_chromium(tmp_path):
         rises = sum(1 for a, b in zip(hist, hist[1:]) if a == 0 and b > 0)
         assert rises >= 3 and hist[-1] == 0, hist                  # the busy server's, then two answers: used rose from 0 and fell back
         assert max(v["mine_max"] for v in seen2) >= 1
+
+        # completion mode: the prompt as it is, to v1/completions
+        dt.js("document.getElementById('mode').value = 'completion'; true")
+        ask(dt, "In the beginning God created", 8)
+        seen3 = watch(dt, 3, 60)
+        assert seen3[-1]["text"] and seen3[-1]["n"] == 3
     assert SHOT.is_file(), "no screenshot was taken while the second answer streamed"
     b = SHOT.read_bytes()
     assert b[:8] == b"\x89PNG\r\n\x1a\n" and (int.from_bytes(b[16:20], "big"), int.from_bytes(b[20:24], "big")) == (1280, 800)

@@ -134,7 +134,7 @@ function drawBands(s) {
   ctx.save(); ctx.translate(10, (pad.t + H - pad.b) / 2); ctx.rotate(-Math.PI / 2); ctx.textAlign = "center"; ctx.fillText("pages", 0, 0); ctx.restore();
   ctx.textAlign = "center"; ctx.textBaseline = "top";
   const ticks = span > 30 ? [60, 45, 30, 15, 0] : span > 15 ? [30, 20, 10, 0] : [10, 5, 0];
-  for (const a of ticks) if (a <= span + 1e-9) ctx.fillText(a ? `-${a} s` : "now", x(now - a), H - pad.b + 4);
+  for (const a of ticks) if (a <= span + 1e-9 && x(now - a) > pad.l + 16) ctx.fillText(a ? `-${a} s` : "now", x(now - a), H - pad.b + 4);
 }
 
 // Right panel of pool_figure: per live request its shared pages (light), own pages, and reserved pages.
@@ -242,11 +242,11 @@ async function send(ev) {
   state.busy = true; state.controller = new AbortController(); state.mine = null; state.mineTrace = []; state.mineMaxUsed = 0;
   $("send").disabled = true; $("stop").disabled = false;
   const t0 = performance.now();
-  let finish = null, usage = null, answer = "", failed = false;
+  let finish = null, usage = null, answer = "", failed = false, error = null;
   try {
     const r = await fetch(chat ? "v1/chat/completions" : "v1/completions", {
       method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body), signal: state.controller.signal });
-    if (!r.ok) { failed = true; showError(await httpError(r)); return; }
+    if (!r.ok) { failed = true; error = await httpError(r); showError(error); return; }
     const reader = r.body.getReader(), dec = new TextDecoder();
     let buf = "", done = false;
     while (!done) {
@@ -261,7 +261,7 @@ async function send(ev) {
           const data = line.slice(6);
           if (data === "[DONE]") { done = true; break; }
           const o = JSON.parse(data);
-          if (o.error) { failed = true; showError("the request failed: " + o.error.message); continue; }
+          if (o.error) { failed = true; error = "the request failed: " + o.error.message; showError(error); continue; }
           if (o.id && state.mine === null) state.mine = o.id;
           if (o.usage) usage = o.usage;
           const c = o.choices && o.choices[0];
@@ -274,12 +274,18 @@ async function send(ev) {
     }
   } catch (e) {
     if (e.name === "AbortError") finish = "stopped";
-    else { failed = true; showError("cannot reach the server: " + (e.message || e)); }
+    else { failed = true; error = "cannot reach the server: " + (e.message || e); showError(error); }
   } finally {
     out.classList.remove("streaming");
     state.busy = false; state.controller = null;
     $("send").disabled = false; $("stop").disabled = true;
-    if (failed && !answer) { out.remove(); user.classList.add("failed"); if (!$("prompt").value) $("prompt").value = text; }
+    if (failed && !answer) {   // the message stays, with the server's answer under it
+      out.remove(); user.classList.add("failed");
+      const note = document.createElement("span");
+      note.className = "meta"; note.textContent = error;
+      user.append(note);
+      if (!$("prompt").value) $("prompt").value = text;
+    }
     else {
       const secs = (performance.now() - t0) / 1000, n = usage ? usage.completion_tokens : null;
       const meta = document.createElement("span");
