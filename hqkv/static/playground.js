@@ -32,6 +32,7 @@ async function poll() {
     const r = await fetch("v1/hqkv/pool" + q, { cache: "no-store" });
     if (!r.ok) throw new Error(await httpError(r));
     const s = await r.json();
+    if (s.now < state.now) { state.history = []; state.mineTrace = []; state.since = null; }   // a restarted server: its clock began again
     state.history.push(...s.history);
     if (s.history.length) state.since = s.history[s.history.length - 1].time;
     state.now = s.now;
