@@ -88,5 +88,11 @@ gpu-check:
 	PYTHONPATH=. TRITON_INTERPRET=0 $(GPU_PY) kernels/check_attention.py
 	PYTHONPATH=. TRITON_INTERPRET=0 $(GPU_PY) kernels/bench_attention.py --out kernels/results.md
 
+## kernel-check: every launch the engine and the vLLM plugin make with the Triton kernels, compiled ahead of time for
+## sm_80, sm_90 and sm_100 (no GPU needed; kernels/compile_check.py): registers, spills, shared memory, occupancy ->
+## kernels/resources.md + nbs/results/kernel_resources.json; fails naming any configuration that cannot launch
+kernel-check: $(STAMP)
+	TRITON_INTERPRET=0 $(PY) kernels/compile_check.py
+
 clean:
 	rm -rf _site _docs _proc .pytest_cache
