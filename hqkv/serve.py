@@ -332,11 +332,15 @@ class PoolFeed:
         self._lock, self._t0 = threading.Lock(), time.monotonic()
         self._history: deque = deque(maxlen=max_points)   # {step, time, used, reserved, retained, free}, oldest first
         self._state: dict = {}
+        self.failed = False                               # reading the pool raised once (logged): the state stays the last one read
 
     def record(self, engine, # the engine (read on its own thread only)
                names:dict|None=None): # pool sequence id -> the HTTP id of its request (`Job.rid`)
         "Take the pool's state now: the latest state, and a history row when a band or the step changed."
-        s = pool_state(engine, engine.counters["steps_total"], time.monotonic() - self._t0)
+        try: s = pool_state(engine, engine.counters["steps_total"], time.monotonic() - self._t0)
+        except Exception as e:                           # the Monitor stops, serving goes on (logged once)
+            if not self.failed: _log.warning(f"the Playground's pool feed failed ({type(e).__name__}: {e}): the Monitor shows the last state it read")
+            self.failed = True; return
         for q in s["seqs"]: q["request"] = (names or {}).get(q["seq_id"])
         row = {k: s[k] for k in ("step", "time", *BANDS)}
         with self._lock:
