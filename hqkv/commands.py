@@ -24,6 +24,14 @@ def _prompt_text(a) -> str:
     try: return raw.decode("utf-8")
     except UnicodeDecodeError as e: raise ValueError(f"{where} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
 
+def _engine(cfg:EngineConfig):
+    "A command's engine; engine.max_context left at its default is cut to the model's own context (SmolLM2-135M: 8,192, not 32,768)."
+    from hqkv.engine import Engine, load_model
+    if cfg.sources.get("max_context", "default") == "default":
+        lm = load_model(cfg.model, cfg.dtype, cfg.device)            # loaded once per process: Engine finds it again
+        if cfg.max_context > lm.max_position: cfg = dataclasses.replace(cfg, max_context=lm.max_position)
+    return Engine(cfg)
+
 def _generate_setup(p:argparse.ArgumentParser):
     p.add_argument("prompt", nargs="?", help="the prompt text (or use --file)")
     p.add_argument("--file", help="read the prompt from a file ('-': stdin)")
@@ -35,11 +43,11 @@ def _generate_setup(p:argparse.ArgumentParser):
     p.add_argument("--quiet", action="store_true", help="no progress line on stderr (--json is quiet too)")
 
 def _generate_run(a) -> int:
-    from hqkv.engine import Engine, SamplingParams, prefill_progress, request_rates
+    from hqkv.engine import SamplingParams, prefill_progress, request_rates
     text = _prompt_text(a)
     if not text: raise ValueError("empty prompt: give at least one character")   # before the model loads
     cfg = config_from_args(a)
-    eng = Engine(cfg)
+    eng = _engine(cfg)
     out = [] if a.json else None
     def show(ev):
         if out is None: sys.stdout.write(ev.text); sys.stdout.flush()
@@ -301,14 +309,13 @@ def _serve_setup(p):
 
 def _serve_run(a) -> int:
     import signal, socket, uvicorn
-    from hqkv.engine import Engine
     from hqkv.serve import EngineWorker, make_app
     if a.max_waiting < 1: raise ValueError(f"--max-waiting must be >= 1, got {a.max_waiting}")
     cfg = config_from_args(a)                        # bad settings fail before the socket and the model
     sock = socket.socket(socket.AF_INET6 if ":" in a.host else socket.AF_INET); sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try: sock.bind((a.host, a.port))                 # before the model loads: a busy port fails at once
     except OSError as e: raise ValueError(f"cannot listen on {a.host}:{a.port}: {e.strerror}") from None
-    eng = Engine(cfg)
+    eng = _engine(cfg)
     print(eng.plan_line(), flush=True)
     worker = EngineWorker(eng, a.max_waiting)
     server = uvicorn.Server(uvicorn.Config(make_app(worker, eng.lm.name, a.default_max_tokens), log_level="warning"))

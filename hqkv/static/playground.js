@@ -104,8 +104,11 @@ function drawBands(s) {
   const now = Math.max(state.now, rows[rows.length - 1].time);
   const span = Math.min(WINDOW_S, Math.max(MIN_SPAN_S, now - rows[0].time));
   const t0 = now - span, total = Math.max(1, s.total);
+  // a big pool and a few requests: the axis zooms to what is taken (free pages fill the rest), else the whole pool
+  const taken = Math.max(0, ...rows.filter((r, i) => i + 1 >= rows.length || rows[i + 1].time >= t0).map((r) => r.used + r.reserved + r.retained));
+  const top = taken * 1.5 >= total / 2 ? total : Math.min(total, niceCeil(Math.max(8, taken * 1.5)));
   const x = (t) => pad.l + (Math.max(t, t0) - t0) / span * (W - pad.l - pad.r);
-  const y = (p) => H - pad.b - p / total * (H - pad.t - pad.b);
+  const y = (p) => H - pad.b - Math.min(p, top) / top * (H - pad.t - pad.b);
   for (let i = 0; i < rows.length; i++) {
     const r = rows[i], x0 = x(r.time), x1 = x(i + 1 < rows.length ? rows[i + 1].time : now);
     if (x1 <= x0) continue;
@@ -131,7 +134,8 @@ function drawBands(s) {
   ctx.strokeStyle = "#999"; ctx.lineWidth = 1; ctx.fillStyle = "#555";
   ctx.beginPath(); ctx.moveTo(pad.l, pad.t); ctx.lineTo(pad.l, H - pad.b); ctx.lineTo(W - pad.r, H - pad.b); ctx.stroke();
   ctx.textAlign = "right"; ctx.textBaseline = "middle";
-  for (const p of [0, Math.round(total / 2), total]) ctx.fillText(String(p), pad.l - 4, y(p));
+  for (const p of [0, Math.round(top / 2), top]) ctx.fillText(String(p), pad.l - 4, y(p));
+  if (top < total) { ctx.textAlign = "right"; ctx.textBaseline = "top"; ctx.fillText(`zoomed to ${top} of ${total} pages`, W - pad.r - 4, pad.t + 3); }
   ctx.save(); ctx.translate(10, (pad.t + H - pad.b) / 2); ctx.rotate(-Math.PI / 2); ctx.textAlign = "center"; ctx.fillText("pages", 0, 0); ctx.restore();
   ctx.textAlign = "center"; ctx.textBaseline = "top";
   const ticks = span > 30 ? [60, 45, 30, 15, 0] : span > 15 ? [30, 20, 10, 0] : [10, 5, 0];
@@ -166,6 +170,11 @@ function drawSeqs(s) {
     ctx.fillText(`${q.used}+${q.reserved} pages · ${q.tokens}/${q.bound_tokens} tok`, x0 + 6, y0 + h / 2);
   });
   if (s.seqs.length > seqs.length) { ctx.fillStyle = "#888"; ctx.textAlign = "right"; ctx.fillText(`(${seqs.length} of ${s.seqs.length} shown)`, W - 4, H - 6); }
+}
+
+function niceCeil(v) {   // the next 1, 2, 5 x 10^k at or above v
+  const p = Math.pow(10, Math.floor(Math.log10(v)));
+  return [1, 2, 5, 10].map((m) => m * p).find((c) => c >= v);
 }
 
 function bitColor(bits) {   // 2 bits light ... 16 bits dark
