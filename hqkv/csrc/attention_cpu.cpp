@@ -1,0 +1,388 @@
+// hqkv CPU decode attention that reads coded KV pages in place.
+// Built on first use by hqkv.attention_cpu (nbs/34_attention.cpu.ipynb: the maths, the tests and the
+// measurements live there). One work item = (sequence, KV head, split of the context): its G query heads
+// (padded to 1, 2, 4, 8 or a multiple of 8) share every decoded row; blocks of up to 64 rows are scored,
+// softmaxed online in FP32 and accumulated into V, all in the codec's rotated domain. Splits are merged by
+// log-sum-exp. The window rule (sinks from the window, then the codes, then the recent ring) is
+// hqkv.attention_cpu.held_spans; this file only reads the three spans it is given per sequence.
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+#include <vector>
+#include <algorithm>
+#include <omp.h>
+
+enum { FMT_BF16 = 0, FMT_E8 = 1, FMT_Q8_0 = 2, FMT_Q4_0 = 3, FMT_TBQ4 = 4, FMT_TBQ3 = 5, FMT_TBQ2 = 6, FMT_COUNT = 7 };
+static const int BLK = 64;                    // rows per block (and at most one page)
+
+struct Fmt {                                  // one side's format (keys or values)
+    int64_t kind, D, block, block_bytes;      // block: values per scale (ggml 32, tbq block, e8 unused)
+    const float* tab;                         // e8: abs[256*8] then sign masks[128*8] then shift[2*8]; tbq: centroids[8 or 16]
+    uint8_t quarter[64];                      // e8: quarter of each group of 8
+};
+
+struct Args {                                 // mirrored by hqkv.attention_cpu._Args (ctypes)
+    const float* q;                           // [B, H, Gp, D] rotated, scaled
+    const uint8_t* k_pages; const uint8_t* v_pages;   // [num_pages, page_size, H, row_bytes]
+    const int32_t* indptr; const int32_t* indices;
+    const int64_t* spans;                     // [B, 4]: length L, s, r, window slot (sinks [0,s), codes [s,r), ring [r,L))
+    const uint16_t* k_sink; const uint16_t* v_sink;   // bf16 [slots, S, H, D] (or null)
+    const uint16_t* k_ring; const uint16_t* v_ring;   // bf16 [slots, R, H, D] (or null)
+    float* out; float* lse;                   // [B, H, Gp, D], [B, H, Gp]
+    int64_t B, H, Gp, D, page_size, k_row_bytes, v_row_bytes, S, R, chunk, threads;
+    const Fmt* kf; const Fmt* vf;
+};
+
+static inline float bf16f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline float f16f(uint16_t h) {        // IEEE half -> float (portable)
+    uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 31, m = h & 1023, u;
+    if (e == 0) { if (m == 0) u = s; else { float f = ldexpf((float)m, -24); memcpy(&u, &f, 4); u |= s; } }
+    else if (e == 31) u = s | 0x7f800000u | (m << 13);
+    else u = s | ((e + 112) << 23) | (m << 13);
+    float f; memcpy(&f, &u, 4); return f;
+}
+static inline uint16_t ld16(const uint8_t* p) { uint16_t v; memcpy(&v, p, 2); return v; }
+
+// ---------------------------------------------------------------- portable path: decode a row, then loops
+static void decode_row(const Fmt& f, const uint8_t* row, float* x) {
+    const int64_t D = f.D;
+    switch (f.kind) {
+    case FMT_BF16: for (int64_t i = 0; i < D; ++i) x[i] = bf16f(ld16(row + 2 * i)); break;
+    case FMT_E8: {
+        float sc[4]; for (int k = 0; k < 4; ++k) sc[k] = bf16f(ld16(row + D / 4 + 2 * k));
+        const float* ab = f.tab; const uint32_t* sg = (const uint32_t*)(f.tab + 256 * 8); const float* sh = f.tab + 256 * 8 + 128 * 8;
+        for (int64_t g = 0; g < D / 8; ++g) {
+            uint16_t c = ld16(row + 2 * g);
+            for (int j = 0; j < 8; ++j) {
+                uint32_t u; float a = ab[(c >> 8) * 8 + j]; memcpy(&u, &a, 4); u ^= sg[((c >> 1) & 127) * 8 + j];
+                float v; memcpy(&v, &u, 4); x[8 * g + j] = (v + sh[(c & 1) * 8 + j]) * sc[f.quarter[g]];
+            }
+        }
+        break; }
+    case FMT_Q8_0:
+        for (int64_t b = 0; b < D / 32; ++b) { const uint8_t* p = row + 34 * b; float d = f16f(ld16(p));
+            for (int j = 0; j < 32; ++j) x[32 * b + j] = (float)(int8_t)p[2 + j] * d; }
+        break;
+    case FMT_Q4_0:
+        for (int64_t b = 0; b < D / 32; ++b) { const uint8_t* p = row + 18 * b; float d = f16f(ld16(p));
+            for (int j = 0; j < 16; ++j) { x[32 * b + j] = (float)((p[2 + j] & 15) - 8) * d; x[32 * b + 16 + j] = (float)((p[2 + j] >> 4) - 8) * d; } }
+        break;
+    default: {                                 // tbq4/3/2: per block an fp16 scale and packed little-endian indices
+        int bits = f.kind == FMT_TBQ4 ? 4 : f.kind == FMT_TBQ3 ? 3 : 2;
+        for (int64_t b = 0; b < D / f.block; ++b) {
+            const uint8_t* p = row + f.block_bytes * b; float d = f16f(ld16(p)); p += 2;
+            for (int64_t j = 0; j < f.block; ++j) {
+                int64_t bit = j * bits; uint32_t w = p[bit >> 3] | ((bit >> 3) + 1 < f.block_bytes - 2 ? (uint32_t)p[(bit >> 3) + 1] << 8 : 0);
+                x[f.block * b + j] = f.tab[(w >> (bit & 7)) & ((1 << bits) - 1)] * d;
+            }
+        }
+    } }
+}
+
+static void score_scalar(const Fmt& f, const uint8_t* base, int64_t stride, int n, const float* q, int G, float* s, float* tmp) {
+    for (int i = 0; i < n; ++i) {
+        decode_row(f, base + i * stride, tmp);
+        for (int g = 0; g < G; ++g) { float a = 0; for (int64_t d = 0; d < f.D; ++d) a += q[g * f.D + d] * tmp[d]; s[g * BLK + i] = a; }
+    }
+}
+static void accum_scalar(const Fmt& f, const uint8_t* base, int64_t stride, int n, const float* p, int G, float* acc, float* tmp) {
+    for (int i = 0; i < n; ++i) {
+        decode_row(f, base + i * stride, tmp);
+        for (int g = 0; g < G; ++g) { float w = p[g * BLK + i]; for (int64_t d = 0; d < f.D; ++d) acc[g * f.D + d] += w * tmp[d]; }
+    }
+}
+static void softmax_scalar(float* s, int n, int G, float* m, float* l, float* acc, int64_t D) {
+    for (int g = 0; g < G; ++g) {
+        float* sg = s + g * BLK; float mb = sg[0];
+        for (int i = 1; i < n; ++i) mb = sg[i] > mb ? sg[i] : mb;
+        float mn = mb > m[g] ? mb : m[g], alpha = expf(m[g] - mn), sum = 0;
+        for (int i = 0; i < n; ++i) { sg[i] = expf(sg[i] - mn); sum += sg[i]; }
+        l[g] = l[g] * alpha + sum; m[g] = mn;
+        if (alpha != 1.0f) for (int64_t d = 0; d < D; ++d) acc[g * D + d] *= alpha;
+    }
+}
+
+// ---------------------------------------------------------------- AVX2 + FMA + F16C path
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#include <immintrin.h>
+namespace avx {
+
+static inline __m256 bcast_f16(const uint8_t* p) { return _mm256_set1_ps(_cvtsh_ss(ld16(p))); }
+
+struct BF16 {                               // 8 bf16 -> 8 float: widen and shift
+    struct R { const uint8_t* p; };
+    static inline R row(const uint8_t* p, const Fmt&) { return R{p}; }
+    static inline __m256 load8(const R& r, int c, const Fmt&) {
+        __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(r.p + 16 * c)));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+    }
+};
+struct E8 {                                 // |pattern| (coord 0 carries the pattern's parity as its sign) xor signs + shift, times the quarter scale
+    struct R { const uint8_t* p; __m256 s[4]; };
+    static inline R row(const uint8_t* p, const Fmt& f) {
+        R r; r.p = p; const uint8_t* sp = p + f.D / 4;
+        for (int k = 0; k < 4; ++k) r.s[k] = _mm256_set1_ps(bf16f(ld16(sp + 2 * k)));
+        return r;
+    }
+    static inline __m256 load8(const R& r, int c, const Fmt& f) {
+        uint32_t code = ld16(r.p + 2 * c);
+        __m256 a = _mm256_load_ps(f.tab + (code >> 8) * 8);
+        __m256 sg = _mm256_load_ps(f.tab + 2048 + ((code >> 1) & 127) * 8);
+        __m256 v = _mm256_add_ps(_mm256_xor_ps(a, sg), _mm256_load_ps(f.tab + 3072 + (code & 1) * 8));
+        return _mm256_mul_ps(v, r.s[f.quarter[c]]);
+    }
+};
+struct Q8 {                                 // 8 int8 -> float, times the block's fp16 scale
+    struct R { const uint8_t* p; };
+    static inline R row(const uint8_t* p, const Fmt&) { return R{p}; }
+    static inline __m256 load8(const R& r, int c, const Fmt&) {
+        const uint8_t* b = r.p + 34 * (c >> 2);
+        __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(b + 2 + 8 * (c & 3))));
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(w), bcast_f16(b));
+    }
+};
+struct Q4 {                                 // element j: low nibble of byte j (j < 16), else high nibble of byte j - 16
+    struct R { const uint8_t* p; };
+    static inline R row(const uint8_t* p, const Fmt&) { return R{p}; }
+    static inline __m256 load8(const R& r, int c, const Fmt&) {
+        const uint8_t* b = r.p + 18 * (c >> 2);
+        __m256i w = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(b + 2 + 8 * (c & 1))));
+        w = (c & 2) ? _mm256_srli_epi32(w, 4) : _mm256_and_si256(w, _mm256_set1_epi32(15));
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(w, _mm256_set1_epi32(8))), bcast_f16(b));
+    }
+};
+template<int BITS> struct TBQ {             // 8 packed indices -> centroids by a register permute, times the block's fp16 scale
+    struct R { const uint8_t* p; };
+    static inline R row(const uint8_t* p, const Fmt&) { return R{p}; }
+    static inline __m256 load8(const R& r, int c, const Fmt& f) {
+        int64_t per = f.block / 8, bk = c / per, j = c - bk * per;     // chunk j of block bk
+        const uint8_t* b = r.p + f.block_bytes * bk;
+        const uint8_t* ix = b + 2 + j * BITS;                        // 8 indices = BITS bytes
+        uint32_t w = 0; memcpy(&w, ix, BITS);
+        const __m256i sh = BITS == 4 ? _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28) : BITS == 3 ? _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21)
+                                                                                    : _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+        __m256i id = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w), sh), _mm256_set1_epi32((1 << BITS) - 1));
+        __m256 v = _mm256_permutevar8x32_ps(_mm256_loadu_ps(f.tab), id);
+        if (BITS == 4) {
+            __m256 hi = _mm256_permutevar8x32_ps(_mm256_loadu_ps(f.tab + 8), id);
+            v = _mm256_blendv_ps(v, hi, _mm256_castsi256_ps(_mm256_slli_epi32(id, 28)));
+        }
+        return _mm256_mul_ps(v, bcast_f16(b));
+    }
+};
+
+static inline __m256 hsum8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6, __m256 a7) {
+    __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+    return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
+}
+static inline float hsum(__m256 a) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x)); x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+// scores s[g][i] = q_g . k_i for G heads (G in 1, 2, 4, 8): 8/G rows at a time so that 8 accumulators fill one hadd tree
+template<class F, int G> static void score(const Fmt& f, const uint8_t* base, int64_t stride, int n, const float* q, float* s) {
+    constexpr int RB = 8 / G;
+    const int C = (int)(f.D / 8);
+    int i = 0;
+    for (; i + RB <= n; i += RB) {
+        __m256 acc[8];
+        for (int k = 0; k < 8; ++k) acc[k] = _mm256_setzero_ps();
+        typename F::R rr[RB];
+        for (int r = 0; r < RB; ++r) rr[r] = F::row(base + (i + r) * stride, f);
+        for (int c = 0; c < C; ++c)
+            for (int r = 0; r < RB; ++r) {
+                __m256 k = F::load8(rr[r], c, f);
+                for (int g = 0; g < G; ++g) acc[r * G + g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * f.D + 8 * c), k, acc[r * G + g]);
+            }
+        alignas(32) float t[8];
+        _mm256_store_ps(t, hsum8(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]));
+        for (int r = 0; r < RB; ++r) for (int g = 0; g < G; ++g) s[g * BLK + i + r] = t[r * G + g];
+    }
+    for (; i < n; ++i) {                       // the block's last rows, one at a time
+        __m256 acc[G];
+        for (int g = 0; g < G; ++g) acc[g] = _mm256_setzero_ps();
+        typename F::R r = F::row(base + i * stride, f);
+        for (int c = 0; c < C; ++c) { __m256 k = F::load8(r, c, f);
+            for (int g = 0; g < G; ++g) acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * f.D + 8 * c), k, acc[g]); }
+        for (int g = 0; g < G; ++g) s[g * BLK + i] = hsum(acc[g]);
+    }
+}
+
+// acc[g] += sum_i p[g][i] v_i, a row at a time (acc lives in L1; each row decoded once for the G heads)
+template<class F, int G> static void accum(const Fmt& f, const uint8_t* base, int64_t stride, int n, const float* p, float* acc) {
+    const int C = (int)(f.D / 8);
+    for (int i = 0; i < n; ++i) {
+        typename F::R r = F::row(base + i * stride, f);
+        __m256 w[G];
+        for (int g = 0; g < G; ++g) w[g] = _mm256_set1_ps(p[g * BLK + i]);
+        for (int c = 0; c < C; ++c) {
+            __m256 v = F::load8(r, c, f);
+            for (int g = 0; g < G; ++g) { float* a = acc + g * f.D + 8 * c; _mm256_storeu_ps(a, _mm256_fmadd_ps(w[g], v, _mm256_loadu_ps(a))); }
+        }
+    }
+}
+
+static inline __m256 exp256(__m256 x) {      // Cephes-style expf for x <= 0 (scores minus their max), rel. error ~1e-7
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+    __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+static void softmax(float* s, int n, int G, float* m, float* l, float* acc, int64_t D) {
+    for (int g = 0; g < G; ++g) {
+        float* sg = s + g * BLK; float mb = sg[0];
+        for (int i = 1; i < n; ++i) mb = sg[i] > mb ? sg[i] : mb;
+        float mn = mb > m[g] ? mb : m[g], alpha = expf(m[g] - mn);
+        __m256 vm = _mm256_set1_ps(mn), vs = _mm256_setzero_ps(); int i = 0; float sum = 0;
+        for (; i + 8 <= n; i += 8) { __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(sg + i), vm)); _mm256_storeu_ps(sg + i, e); vs = _mm256_add_ps(vs, e); }
+        for (; i < n; ++i) { sg[i] = expf(sg[i] - mn); sum += sg[i]; }
+        l[g] = l[g] * alpha + sum + hsum(vs); m[g] = mn;
+        if (alpha != 1.0f) { __m256 va = _mm256_set1_ps(alpha); for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(acc + g * D + d, _mm256_mul_ps(va, _mm256_loadu_ps(acc + g * D + d))); }
+    }
+}
+}  // namespace avx
+#pragma GCC pop_options
+
+// ---------------------------------------------------------------- dispatch
+typedef void (*ScoreFn)(const Fmt&, const uint8_t*, int64_t, int, const float*, float*);
+typedef void (*AccumFn)(const Fmt&, const uint8_t*, int64_t, int, const float*, float*);
+static ScoreFn SCORE[FMT_COUNT][4];
+static AccumFn ACCUM[FMT_COUNT][4];
+template<class F> static void fill(int kind) {
+    SCORE[kind][0] = avx::score<F, 1>; SCORE[kind][1] = avx::score<F, 2>; SCORE[kind][2] = avx::score<F, 4>; SCORE[kind][3] = avx::score<F, 8>;
+    ACCUM[kind][0] = avx::accum<F, 1>; ACCUM[kind][1] = avx::accum<F, 2>; ACCUM[kind][2] = avx::accum<F, 4>; ACCUM[kind][3] = avx::accum<F, 8>;
+}
+static int g_isa = -1;                        // 1: AVX2 + FMA + F16C, 0: portable
+
+extern "C" int hqkv_cpu_isa(int want) {       // want: -1 best available, 0 portable, 1 AVX2 (returns -1 if the CPU lacks it)
+    __builtin_cpu_init();
+    bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    if (want == 1 && !has) return -1;
+    g_isa = want == -1 ? (has ? 1 : 0) : want;
+    if (g_isa == 1) { fill<avx::BF16>(FMT_BF16); fill<avx::E8>(FMT_E8); fill<avx::Q8>(FMT_Q8_0); fill<avx::Q4>(FMT_Q4_0);
+                      fill<avx::TBQ<4>>(FMT_TBQ4); fill<avx::TBQ<3>>(FMT_TBQ3); fill<avx::TBQ<2>>(FMT_TBQ2); }
+    return g_isa;
+}
+
+struct Ctx { std::vector<float> s, tmp; };
+static void block(Ctx& cx, const Fmt& kf, const Fmt& vf, const uint8_t* kb, int64_t ks, const uint8_t* vb, int64_t vs, int n,
+                  const float* q, int64_t G, int64_t D, float* m, float* l, float* acc) {
+    float* s = cx.s.data();
+    if (g_isa == 1) {
+        int gi = G == 1 ? 0 : G == 2 ? 1 : G == 4 ? 2 : 3;
+        for (int64_t g0 = 0; g0 < G; g0 += 8) SCORE[kf.kind][gi](kf, kb, ks, n, q + g0 * D, s + g0 * BLK);
+        avx::softmax(s, n, (int)G, m, l, acc, D);
+        for (int64_t g0 = 0; g0 < G; g0 += 8) ACCUM[vf.kind][gi](vf, vb, vs, n, s + g0 * BLK, acc + g0 * D);
+    } else {
+        score_scalar(kf, kb, ks, n, q, (int)G, s, cx.tmp.data());
+        softmax_scalar(s, n, (int)G, m, l, acc, D);
+        accum_scalar(vf, vb, vs, n, s, (int)G, acc, cx.tmp.data());
+    }
+}
+
+struct Blk { const uint8_t *kb, *vb; int64_t kh, vh, n; const Fmt *kf, *vf; };   // head 0's rows; kh/vh: bytes from one head to the next (= row stride / H)
+
+// the next block of positions [p, p1) of sequence b: one span (sinks, codes, ring) and one page
+static Blk next_block(const Args& a, const Fmt* wf, int64_t b, int64_t p, int64_t p1) {
+    const int64_t H = a.H, D = a.D, P = a.page_size;
+    const int64_t L = a.spans[4 * b], s = a.spans[4 * b + 1], r = a.spans[4 * b + 2], slot = a.spans[4 * b + 3];
+    Blk k;
+    if (p < s) {                               // sinks: exact rows of the window
+        k.n = std::min<int64_t>({BLK, s - p, p1 - p});
+        int64_t o = (slot * a.S + p) * H * D;
+        k.kb = (const uint8_t*)(a.k_sink + o); k.vb = (const uint8_t*)(a.v_sink + o); k.kh = k.vh = D * 2; k.kf = k.vf = wf;
+    } else if (p < r) {                        // codes, in place in their page
+        int64_t pg = a.indices[a.indptr[b] + p / P], t = p % P;
+        k.n = std::min<int64_t>({BLK, P - t, r - p, p1 - p});
+        k.kb = a.k_pages + (pg * P + t) * H * a.k_row_bytes; k.kh = a.k_row_bytes;
+        k.vb = a.v_pages + (pg * P + t) * H * a.v_row_bytes; k.vh = a.v_row_bytes;
+        k.kf = a.kf; k.vf = a.vf;
+    } else {                                   // the recent ring: position p in row p % R
+        int64_t t = p % a.R;
+        k.n = std::min<int64_t>({BLK, a.R - t, L - p, p1 - p});
+        int64_t o = (slot * a.R + t) * H * D;
+        k.kb = (const uint8_t*)(a.k_ring + o); k.vb = (const uint8_t*)(a.v_ring + o); k.kh = k.vh = D * 2; k.kf = k.vf = wf;
+    }
+    return k;
+}
+
+static inline void prefetch(const uint8_t* p, int64_t bytes) { for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3); }
+
+// positions [p0, p1) of sequence b for every KV head: a block's rows of all heads are contiguous, so heads are the inner loop;
+// while head h reads its rows, the h-th slice of the next block's K and V is prefetched
+static void item(const Args& a, Ctx& cx, int64_t b, int64_t p0, int64_t p1, float* w) {
+    const int64_t H = a.H, D = a.D, G = a.Gp, W = G * (D + 2);
+    Fmt wf = {FMT_BF16, D, 0, 0, nullptr, {0}};
+    for (int64_t h = 0; h < H; ++h) {
+        float* wh = w + h * W;
+        for (int64_t g = 0; g < G; ++g) { wh[g] = -INFINITY; wh[G + g] = 0; }
+        memset(wh + 2 * G, 0, sizeof(float) * G * D);
+    }
+    if (p0 >= p1) return;
+    Blk cur = next_block(a, &wf, b, p0, p1);
+    for (int64_t p = p0; p < p1;) {
+        int64_t pn = p + cur.n;
+        Blk nxt = pn < p1 ? next_block(a, &wf, b, pn, p1) : cur;
+        int64_t ksl = (nxt.n * nxt.kh * H + H - 1) / H, vsl = (nxt.n * nxt.vh * H + H - 1) / H;   // this head's share of the next block
+        for (int64_t h = 0; h < H; ++h) {
+            if (pn < p1) { prefetch(nxt.kb + h * ksl, ksl); prefetch(nxt.vb + h * vsl, vsl); }
+            float* wh = w + h * W;
+            block(cx, *cur.kf, *cur.vf, cur.kb + h * cur.kh, cur.kh * H, cur.vb + h * cur.vh, cur.vh * H, (int)cur.n,
+                  a.q + (b * H + h) * G * D, G, D, wh, wh + G, wh + 2 * G);
+        }
+        p = pn; cur = nxt;
+    }
+}
+
+extern "C" int hqkv_cpu_decode(const Args* ap, float* work) {   // work: [items, H, Gp, D + 2] floats
+    const Args& a = *ap;
+    if (g_isa < 0) hqkv_cpu_isa(-1);
+    const int64_t H = a.H, G = a.Gp, D = a.D, W = G * (D + 2);
+    std::vector<int64_t> first(a.B + 1, 0);   // items of sequence b: first[b] .. first[b+1]-1, one per split
+    for (int64_t b = 0; b < a.B; ++b) { int64_t L = a.spans[4 * b]; first[b + 1] = first[b] + std::max<int64_t>(1, (L + a.chunk - 1) / a.chunk); }
+    const int64_t items = first[a.B];
+    #pragma omp parallel num_threads((int)a.threads) if (a.threads > 1)
+    {
+        Ctx cx; cx.s.assign(G * BLK, 0.f); cx.tmp.assign(D, 0.f);
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < items; ++it) {
+            int64_t b = std::upper_bound(first.begin(), first.end(), it) - first.begin() - 1, j = it - first[b];
+            int64_t L = a.spans[4 * b], p0 = j * a.chunk, p1 = std::min(L, p0 + a.chunk);
+            item(a, cx, b, p0, p1, work + it * H * W);
+        }
+        #pragma omp for schedule(static)
+        for (int64_t bh = 0; bh < a.B * H; ++bh) {  // merge the splits of (b, h) by log-sum-exp
+            int64_t b = bh / H, h = bh % H, ns = first[b + 1] - first[b];
+            const float* w0 = work + (first[b] * H + h) * W;
+            const int64_t st = H * W;               // from one split to the next
+            float* o = a.out + bh * G * D;
+            for (int64_t g = 0; g < G; ++g) {
+                float M = -INFINITY, Lsum = 0;
+                for (int64_t j = 0; j < ns; ++j) M = std::max(M, w0[j * st + g]);
+                for (int64_t d = 0; d < D; ++d) o[g * D + d] = 0;
+                for (int64_t j = 0; j < ns; ++j) {
+                    const float* w = w0 + j * st; if (w[G + g] == 0) continue;
+                    float e = expf(w[g] - M); Lsum += e * w[G + g];
+                    for (int64_t d = 0; d < D; ++d) o[g * D + d] += e * w[2 * G + g * D + d];
+                }
+                float inv = 1.0f / Lsum;
+                for (int64_t d = 0; d < D; ++d) o[g * D + d] *= inv;
+                if (a.lse) a.lse[bh * G + g] = M + logf(Lsum);
+            }
+        }
+    }
+    return 0;
+}
