@@ -314,7 +314,7 @@ $("prompt").addEventListener("keydown", (e) => { if (e.key === "Enter" && !e.shi
 $("stop").addEventListener("click", () => state.controller && state.controller.abort());
 $("clear").addEventListener("click", () => {
   state.messages = []; showError(null);
-  $("log").innerHTML = '<p class="hint">A new chat: the server forgets nothing, its pool keeps the old turns\' pages until it needs the room.</p>';
+  $("log").innerHTML = '<p class="hint">A new chat. The old turns\' pages stay in the pool as retained pages until it needs the room.</p>';
 });
 $("mode").addEventListener("change", () => { $("clear").disabled = $("mode").value !== "chat"; });
 window.addEventListener("resize", render);
