@@ -9,8 +9,10 @@ signature, constexprs, divisibility attributes and options a GPU launch would co
 here), `triton.compile` builds PTX and a cubin for each target, and `ptxas -v` reports registers, spills and
 stack. Shared memory is Triton's (`metadata.shared`, what a launch asks for).
 
-    python kernels/compile_check.py                 # every configuration, sm_80 + sm_90 (+ sm_100), -> kernels/resources.md + JSON
-    python kernels/compile_check.py --quick         # GQA groups 1, 4, 8 and vLLM block sizes 16, 128 only
+    python kernels/compile_check.py                 # every configuration, sm_80 + sm_90 -> kernels/resources.md + JSON
+    python kernels/compile_check.py --arch 80 90 100   # Blackwell too (the bundled ptxas-blackwell compiles it)
+    python kernels/compile_check.py --quick         # head dims 80 and 256, GQA groups 1 and 8 (a few minutes)
+    python kernels/compile_check.py --full          # every head dim 64-512, vLLM block sizes 16-128 (the same binaries, more launches)
     python kernels/compile_check.py --arch 90 --kernel prefill --head-dim 256   # one slice, printed
 
 Exit status 1 names every configuration that cannot launch (shared memory over the arch's per-block limit,
@@ -49,7 +51,15 @@ ARCHS = {
 }
 MAX_REGS = 255
 GROUPS = tuple(range(1, 9))          # GQA group sizes (query heads per KV head)
-VLLM_BLOCKS = (16, 32, 64, 128)      # vLLM --block-size values the plugin reads (powers of two; 16 is vLLM's default)
+VLLM_BLOCKS = (16, 128)              # vLLM --block-size: 16 (vLLM's default: K/V rows per step capped at the page) and 128; --full adds 32, 64
+
+def head_dims(full=False):
+    "Every head dim the kernels read (full), else the smallest and largest of each power-of-two block width."
+    # D is a runtime argument, specialised only on D % 16 == 0 (true of all): every head dim of a width runs one binary
+    if full: return K.KERNEL_HEAD_DIMS
+    widths = {}
+    for D in K.KERNEL_HEAD_DIMS: widths.setdefault(triton.next_power_of_2(D), []).append(D)
+    return tuple(sorted({d for ds in widths.values() for d in (min(ds), max(ds))}))
 ENGINE_PAGE = 64                     # KVPool page_tokens
 KV_HEADS = 4                         # strides follow from it (Qwen3.5-27B's 4 KV heads); the kernels' code does not
 
@@ -99,26 +109,27 @@ class Config:
         if self.op != "store": s += f" window={'on' if self.window else 'off'}"
         return s + f" page={self.page}"
 
-def configs(quick=False, kernels=None, head_dims=None, formats=None, groups=None, blocks=None):
-    groups = groups or ((1, 4, 8) if quick else GROUPS)
-    blocks = blocks or ((16, 128) if quick else VLLM_BLOCKS)
+def configs(quick=False, kernels=None, dims=None, formats=None, groups=None, blocks=None, windows=(False, True), paths=("engine", "vllm"), full=False):
+    groups = groups or ((1, 8) if quick else GROUPS)
+    blocks = blocks or ((16, 32, 64, 128) if full else VLLM_BLOCKS)
+    dims = dims or ((80, 256) if quick else head_dims(full))
     out = []
-    for fmt, D in itertools.product(formats or K.KERNEL_FORMATS, head_dims or K.KERNEL_HEAD_DIMS):
+    for fmt, D in itertools.product(formats or K.KERNEL_FORMATS, dims):
         out.append(Config("engine", "store", fmt, D))
         out += [Config("vllm", "store", fmt, D, page=bs) for bs in blocks]
-        for G, win in itertools.product(groups, (False, True)):
+        for G, win in itertools.product(groups, windows):
             out.append(Config("engine", "decode", fmt, D, G, win))
             out.append(Config("engine", "prefill", fmt, D, G, win))
             out += [Config("vllm", "prefill", fmt, D, G, win, page=bs) for bs in blocks]
-    if kernels: out = [c for c in out if c.op in kernels]
-    return out
+    return [c for c in out if (not kernels or c.op in kernels) and c.path in paths]
 
-SPLITS = (2, 16, 64)    # decode's split-K factor: default_splits picks 1..64 by SM count; these cover the merge's SPLITS_PAD extremes and the
+SPLITS = (2, 64)    # decode's split-K factor: default_splits picks 1..64 by SM count; these cover the merge's SPLITS_PAD extremes and the
                         # divisibility specialisations of SPLITS (a runtime int); the decode kernel itself does not depend on it
 
+_CODECS = {}
 def call(cfg:Config):
     "Run the launcher(s) the way `cfg.path` does, on CPU tensors (inside `recording`)."
-    c = get_codec(cfg.fmt, head_dim=cfg.head_dim)
+    c = _CODECS.get((cfg.fmt, cfg.head_dim)) or _CODECS.setdefault((cfg.fmt, cfg.head_dim), get_codec(cfg.fmt, head_dim=cfg.head_dim))
     D, H, G, i32 = cfg.head_dim, KV_HEADS, max(cfg.group, 1), torch.int32
     B, pages_per_seq = 2, 3
     n_pages = B * pages_per_seq
@@ -186,12 +197,19 @@ def occupancy(arch, regs, shared, warps) -> int:
     by_threads = a["threads_sm"] // (32 * warps)
     return max(0, min(by_regs, by_smem, by_threads, a["blocks_sm"]))
 
+_BINDERS = {}
+def _binder(fn, arch):
+    "Triton's argument binder for `fn` on `arch`, and the target and backend (built once: they cost more than a launch)."
+    if (fn, arch) not in _BINDERS:
+        target = GPUTarget("cuda", arch, 32)
+        backend = make_backend(target)
+        _BINDERS[fn, arch] = target, backend, create_function_from_signature(fn.signature, fn.params, backend)
+    return _BINDERS[fn, arch]
+
 def launch_key(launch:Launch, arch:int):
     "What Triton would compile for this launch on `arch`: (fn, signature, constexprs, attrs, options) and a hashable key."
-    target = GPUTarget("cuda", arch, 32)
-    backend = make_backend(target)
     fn = launch.fn
-    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    target, backend, binder = _binder(fn, arch)
     bound, spec, opts = binder(*launch.args, **launch.kwargs)
     options, signature, constexprs, attrs = fn._pack_args(backend, launch.kwargs, bound, spec, opts)
     named = {fn.arg_names[k[0]]: v for k, v in constexprs.items()}
@@ -272,23 +290,27 @@ def _errors(s): return f" ({s['errors']} compile errors)" if s["errors"] else ""
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--arch", type=int, nargs="*", default=None, help="compute capabilities (default: 80 90, and 100 when the bundled ptxas compiles it)")
+    ap.add_argument("--arch", type=int, nargs="*", default=None, help="compute capabilities (default: 80 90; 100 compiles too, with the bundled ptxas-blackwell)")
     ap.add_argument("--kernel", nargs="*", choices=("store", "decode", "prefill"), default=None)
     ap.add_argument("--head-dim", type=int, nargs="*", default=None)
     ap.add_argument("--format", nargs="*", default=None)
-    ap.add_argument("--quick", action="store_true", help="GQA groups 1, 4, 8 and vLLM block sizes 16, 128")
+    ap.add_argument("--quick", action="store_true", help="head dims 80 and 256, GQA groups 1 and 8 (a few minutes)")
+    ap.add_argument("--full", action="store_true", help="every head dim 64-512 and vLLM block sizes 16, 32, 64, 128 (the same binaries, many more launches)")
     ap.add_argument("--groups", type=int, nargs="*", default=None, help="GQA group sizes (default 1-8)")
-    ap.add_argument("--blocks", type=int, nargs="*", default=None, help="vLLM block sizes (default 16 32 64 128)")
+    ap.add_argument("--blocks", type=int, nargs="*", default=None, help="vLLM block sizes (default 16 128)")
+    ap.add_argument("--window", choices=("on", "off"), default=None, help="only this window setting (default both)")
+    ap.add_argument("--path", choices=("engine", "vllm"), default=None, help="only the engine's or the vLLM plugin's launches (default both)")
     ap.add_argument("--strict", action="store_true", help="fail on spills too")
     ap.add_argument("--json", default=None, help="write every row here (default with no slice: nbs/results/kernel_resources.json)")
     ap.add_argument("--md", default=None, help="write the table here (default with no slice: kernels/resources.md's generated part)")
     ap.add_argument("--label", default="", help="a name for this run in the JSON (e.g. before/after)")
     a = ap.parse_args(argv)
-    archs = a.arch or [80, 90, 100]
-    sliced = bool(a.kernel or a.head_dim or a.format or a.arch or a.quick or a.groups or a.blocks)
-    cfgs = configs(a.quick, a.kernel, a.head_dim, a.format, a.groups, a.blocks)
+    archs = a.arch or [80, 90]
+    sliced = bool(a.kernel or a.head_dim or a.format or a.arch or a.quick or a.groups or a.blocks or a.window or a.path)
+    cfgs = configs(a.quick, a.kernel, a.head_dim, a.format, a.groups, a.blocks,
+                   (a.window == "on",) if a.window else (False, True), (a.path,) if a.path else ("engine", "vllm"), a.full)
     t_start = time.perf_counter()
-    cache, rows, failed = {}, [], []
+    cache, rows, failed, seen_by = {}, [], [], {}
     for arch in archs:
         for cfg in cfgs:
             with recording(arch) as launches:
@@ -304,6 +326,9 @@ def main(argv=None):
                         print(f"sm_100: the bundled ptxas cannot compile it ({cache[key].error}); skipped", file=sys.stderr)
                 r = cache[key]
                 ps = problems(r, a.strict)
+                u = seen_by.setdefault(key, dict(paths=set(), fmt=cfg.fmt, head_dims=set(), groups=set(), windows=set(), pages=set(), configurations=0))
+                u["paths"].add(cfg.path); u["head_dims"].add(cfg.head_dim); u["groups"].add(cfg.group); u["windows"].add(cfg.window)
+                u["pages"].add(cfg.page); u["configurations"] += 1
                 row = dict(config=cfg.label(), path=cfg.path, op=cfg.op, fmt=cfg.fmt, head_dim=cfg.head_dim, group=cfg.group,
                            window=cfg.window, page=cfg.page, **asdict(r), problems=ps)
                 rows.append(row)
@@ -313,8 +338,10 @@ def main(argv=None):
                       + (f"  !! {'; '.join(ps)}" if ps else ""), flush=True)
     elapsed = time.perf_counter() - t_start
     summary = summary_rows(rows)
+    compiled = [dict(**asdict(cache[k]), problems=problems(cache[k], a.strict), **{n: sorted(v) if isinstance(v, set) else v for n, v in u.items()})
+                for k, u in seen_by.items()]
     out = dict(label=a.label, triton=triton.__version__, seconds=round(elapsed, 1), compiles=len(cache), configurations=len(cfgs),
-               archs=archs, limits={str(k): v for k, v in ARCHS.items() if k in archs}, summary=summary, rows=rows)
+               archs=archs, limits={str(k): v for k, v in ARCHS.items() if k in archs}, summary=summary, compiled=compiled)
     js = a.json or (None if sliced else "nbs/results/kernel_resources.json")
     if js:
         with open(js, "w") as f: json.dump(out, f, indent=1, default=str)
@@ -332,13 +359,40 @@ def main(argv=None):
     return 0
 
 MD_START, MD_END = "<!-- kernel-check: generated, do not edit -->", "<!-- /kernel-check -->"
+BEFORE = "nbs/results/kernel_resources_before.json"   # the kernels as issue 31 found them (d2ffc25), same check
+
+def compiled_for(after:dict, r:dict):
+    "The compile in `after` that serves the configuration of row `r` (same kernel, arch, path, format, head dim, group, window, page)."
+    for c in after["compiled"]:
+        if (c["kernel"], c["arch"], c["fmt"]) == (r["kernel"], r["arch"], r["fmt"]) and r["path"] in c["paths"] and r["head_dim"] in c["head_dims"] \
+           and r["group"] in c["groups"] and r["window"] in c["windows"] and r["page"] in c["pages"]: return c
+
+def compare_md(before:dict, after:dict) -> str:
+    "Before/after per (kernel, format, head dim, arch) on the configurations both runs compiled."
+    pairs = {}
+    for r in before["rows"]:
+        c = compiled_for(after, r) if r["kernel"] != "decode_merge_kernel" else None
+        if c is not None: pairs.setdefault((r["kernel"], r["fmt"], r["head_dim"], r["arch"]), []).append((r, c))
+    if not pairs: return ""
+    def cell(r): return "error" if r["error"] else f"{r['registers']} / {r['spill_stores']} B / {kib(r['shared'])} KiB" + ("" if not r["problems"] else " **x**")
+    lines = ["| kernel | format | head dim | arch | before: registers / spill stores / shared | after | after: blocks/SM |", "|---|---|---|---|---|---|---|"]
+    for (kern, fmt, D, arch), ps in sorted(pairs.items()):
+        b = max((p[0] for p in ps), key=lambda r: (r["shared"], r["spill_stores"]))
+        a = max((p[1] for p in ps), key=lambda r: (r["shared"], r["spill_stores"]))
+        lines.append(f"| {kern} | {fmt} | {D} | sm_{arch} | {cell(b)} | {cell(a)} | {a['blocks_per_sm']} |")
+    cfgs = sorted({p[0]["config"].split(" ", 1)[0] + " " + p[0]["config"].split(" D=")[1].split(" ", 1)[1] for ps in pairs.values() for p in ps})
+    return (f"Before (the kernels at {before.get('label') or 'the start'}) and after, on the configurations the before run compiled "
+            f"({', '.join(cfgs)}); **x**: cannot launch.\n\n" + "\n".join(lines) + "\n")
 
 def write_md(path, table, out):
     "Replace the generated part of `path` (between the markers) with this run's table, keeping the prose around it."
     body = (f"{MD_START}\n`make kernel-check` on Triton {out['triton']}: {out['configurations']} configurations x "
             f"{len(out['archs'])} archs, {out['compiles']} distinct compiles in {out['seconds']:.0f} s on one core. "
             f"One row per (kernel, format, head dim, arch): the worst over GQA groups 1-8, window on/off, the engine's "
-            f"pages and vLLM's block sizes; every configuration is in `nbs/results/kernel_resources.json`.\n\n{table}{MD_END}")
+            f"pages and vLLM's block sizes; every configuration is in `nbs/results/kernel_resources.json`.\n\n{table}")
+    if os.path.exists(BEFORE):
+        body += "\n" + compare_md(json.load(open(BEFORE)), out)
+    body += MD_END
     old = open(path).read() if os.path.exists(path) else "# Kernel resources\n\n" + MD_START + MD_END
     if MD_START in old and MD_END in old:
         new = old[:old.index(MD_START)] + body + old[old.index(MD_END) + len(MD_END):]

@@ -17,7 +17,7 @@ __all__ = ['KERNEL_FORMATS', 'KERNEL_HEAD_DIMS', 'TILES', 'kernel_format', 'inte
 
 # %% ../../nbs/30a_kernels.ipynb #7acfe665
 KERNEL_FORMATS = {"bf16": 0, "hq-e8-2b": 1}  # format name -> FORMAT constexpr
-KERNEL_HEAD_DIMS = (64, 128, 256, 512)        # powers of two: a row is one `tl.arange(0, D)` block
+KERNEL_HEAD_DIMS = tuple(range(64, 513, 16))  # multiples of 16: a row is one power-of-two block `tl.arange(0, D_PAD)`, masked past D
 
 def kernel_format(codec:Codec) -> int:
     "The `FORMAT` constexpr for `codec`; ValueError naming the supported formats for anything else."
@@ -53,14 +53,16 @@ class Tile:
     num_warps: int = 4
     num_stages: int = 1
 
-TILES = {   # (kernel, head-dim ceiling) -> {arch: Tile}; arch None: the interpreter
-    ("decode", 128):  {80: Tile(32, 0, 4, 2), 90: Tile(32, 0, 4, 2), None: Tile(64)},
-    ("decode", 256):  {80: Tile(32, 0, 8, 2), 90: Tile(32, 0, 8, 2), None: Tile(64)},
+TILES = {   # (kernel, head-dim ceiling) -> {arch: Tile}; arch None: the interpreter. From `make kernel-check` (kernels/resources.md)
+    ("decode", 64):   {80: Tile(16, 0, 4, 2), 90: Tile(16, 0, 4, 2), None: Tile(64)},
+    ("decode", 128):  {80: Tile(16, 0, 8, 2), 90: Tile(16, 0, 8, 2), None: Tile(64)},
+    ("decode", 256):  {80: Tile(16, 0, 8, 2), 90: Tile(16, 0, 8, 2), None: Tile(64)},
     ("decode", 512):  {80: Tile(16, 0, 8, 2), 90: Tile(16, 0, 8, 2), None: Tile(64)},
-    ("prefill", 128): {80: Tile(32, 64, 4, 1), 90: Tile(32, 64, 4, 1), None: Tile(64, 64)},
-    ("prefill", 256): {80: Tile(32, 64, 8, 1), 90: Tile(32, 64, 8, 1), None: Tile(64, 64)},
-    ("prefill", 512): {80: Tile(16, 32, 8, 1), 90: Tile(16, 32, 8, 1), None: Tile(64, 64)},
-    ("store", 512):   {80: Tile(4, 4, 4, 1), 90: Tile(4, 4, 4, 1), None: Tile(16, 64)},
+    ("prefill", 64):  {80: Tile(32, 64, 4, 1), 90: Tile(32, 64, 4, 1), None: Tile(64, 64)},
+    ("prefill", 128): {80: Tile(32, 64, 8, 1), 90: Tile(32, 64, 8, 1), None: Tile(64, 64)},
+    ("prefill", 256): {80: Tile(16, 32, 8, 1), 90: Tile(16, 32, 8, 1), None: Tile(64, 64)},
+    ("prefill", 512): {80: Tile(16, 16, 8, 1), 90: Tile(16, 16, 8, 1), None: Tile(64, 64)},
+    ("store", 512):   {80: Tile(4, 4, 4, 1), 90: Tile(4, 4, 4, 1), None: Tile(16, 64)},   # hq-e8-2b; bf16 rows are copied 16 tokens a program
 }
 
 def device_arch(device=None) -> int|None:

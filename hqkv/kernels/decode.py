@@ -22,16 +22,17 @@ __all__ = ['decode_kernel', 'decode_merge_kernel', 'DecodeWorkspace', 'default_s
 # %% ../../nbs/32_kernels.decode.ipynb #6a8e121f
 @triton.jit
 def _load_rows(ptr, # page base pointer (already at the page and KV head)
-               offs_n, n_mask, offs_d, stride_n, table_ptr,
-               FORMAT: tl.constexpr, D: tl.constexpr, NQ: tl.constexpr, BLOCK_N: tl.constexpr):
-    "A block of coded rows -> values [BLOCK_N, D] in the codec's (rotated) domain (bf16 rows stay bf16, exact)."
+               offs_n, n_mask, offs_d, stride_n, table_ptr, D, # D: the head dim (runtime); offs_d spans D_PAD >= D
+               FORMAT: tl.constexpr, D_PAD: tl.constexpr, NQ: tl.constexpr, BLOCK_N: tl.constexpr):
+    "A block of coded rows -> values [BLOCK_N, D_PAD] in the codec's (rotated) domain, zero past D (bf16 rows stay bf16, exact)."
     rows = ptr + offs_n[:, None] * stride_n
     if FORMAT == 0:   # bf16 rows (the pages are viewed as bf16)
-        x = tl.load(rows + offs_d[None, :], mask=n_mask[:, None], other=0.0)
+        x = tl.load(rows + offs_d[None, :], mask=n_mask[:, None] & (offs_d < D)[None, :], other=0.0)
     else:             # hq-e8-2b (pages viewed as int16): D/8 codewords, then NQ bf16 scales
-        offs_g = tl.arange(0, D // 8)
-        code = tl.load(rows + offs_g[None, :], mask=n_mask[:, None], other=0).to(tl.int32) & 0xFFFF       # [BLOCK_N, D/8]
-        s16 = tl.load(rows + D // 8 + (offs_g // (D // 8 // NQ))[None, :], mask=n_mask[:, None], other=0)  # its quarter's scale
+        offs_g = tl.arange(0, D_PAD // 8)
+        ok = n_mask[:, None] & (offs_g < D // 8)[None, :]                                        # padded groups: scale 0, value 0
+        code = tl.load(rows + offs_g[None, :], mask=ok, other=0).to(tl.int32) & 0xFFFF                  # [BLOCK_N, D/8]
+        s16 = tl.load(rows + D // 8 + (offs_g * NQ // (D // 8))[None, :], mask=ok, other=0)              # its quarter's scale (`quarter_groups`)
         scale = ((s16.to(tl.int32) & 0xFFFF).to(tl.uint32) << 16).to(tl.float32, bitcast=True)          # bf16 bits -> fp32
         w = tl.load(table_ptr + (code >> 8))             # the pattern: 8 x 2-bit magnitudes | parity << 16
         sb = (code >> 1) & 127                           # signs of coordinates 1..7
@@ -43,7 +44,7 @@ def _load_rows(ptr, # page base pointer (already at the page and KV head)
         lane = tl.arange(0, 8)[None, None, :]
         mag = ((w[:, :, None] >> (2 * lane)) & 3).to(tl.float32) + 0.5
         val = tl.where(((neg[:, :, None] >> lane) & 1) == 1, -mag, mag) + shift[:, :, None]
-        x = tl.reshape(val * scale[:, :, None], [BLOCK_N, D])
+        x = tl.reshape(val * scale[:, :, None], [BLOCK_N, D_PAD])
     return x
 
 @triton.jit
@@ -67,8 +68,8 @@ def _attend(q_hi, q_lo, k, v, visible, m, l, acc,
 
 @triton.jit
 def _code_blocks(q_hi, q_lo, m, l, acc, j0, j1, p0, h, indices_ptr, k_ptr, v_ptr, table_ptr,
-                 stride_kp, stride_kn, stride_kh, PAGE, L, s_held, rec_start, offs_n, offs_d,
-                 FORMAT: tl.constexpr, D: tl.constexpr, NQ: tl.constexpr, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr):
+                 stride_kp, stride_kn, stride_kh, PAGE, L, s_held, rec_start, offs_n, offs_d, D,
+                 FORMAT: tl.constexpr, D_PAD: tl.constexpr, NQ: tl.constexpr, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr):
     "Blocks j0..j1 of BLOCK_N code rows (a page is PAGE // BLOCK_N blocks), positions the window holds masked out."
     for j in range(j0, j1):
         pos0 = j * BLOCK_N
@@ -77,8 +78,8 @@ def _code_blocks(q_hi, q_lo, m, l, acc, j0, j1, p0, h, indices_ptr, k_ptr, v_ptr
         in_seq = pos < L
         base = page * stride_kp + h * stride_kh
         rows = pos0 % PAGE + offs_n
-        k = _load_rows(k_ptr + base, rows, in_seq, offs_d, stride_kn, table_ptr, FORMAT, D, NQ, BLOCK_N)
-        v = _load_rows(v_ptr + base, rows, in_seq, offs_d, stride_kn, table_ptr, FORMAT, D, NQ, BLOCK_N)
+        k = _load_rows(k_ptr + base, rows, in_seq, offs_d, stride_kn, table_ptr, D, FORMAT, D_PAD, NQ, BLOCK_N)
+        v = _load_rows(v_ptr + base, rows, in_seq, offs_d, stride_kn, table_ptr, D, FORMAT, D_PAD, NQ, BLOCK_N)
         vis = in_seq & (pos >= s_held) & (pos < rec_start)
         m, l, acc = _attend(q_hi, q_lo, k, v, vis[None, :], m, l, acc, DOT_BF16)
     return m, l, acc
@@ -88,23 +89,23 @@ def _window_blocks(q_hi, q_lo, m, l, acc, j0, j1, n_code, slot, h,
                    ks_ptr, vs_ptr, kr_ptr, vr_ptr,
                    stride_ss, stride_sn, stride_sh, stride_rs, stride_rn, stride_rh,
                    SINKS, RECENT, s_held, rec_start, n_rec,
-                   offs_n, offs_d, DOT_BF16: tl.constexpr, BLOCK_N: tl.constexpr):
+                   offs_n, offs_d, D, DOT_BF16: tl.constexpr, BLOCK_N: tl.constexpr):
     "Blocks j0..j1 of the window part (numbered after the n_code code blocks): sinks first, then the ring."
     n_sink = tl.cdiv(SINKS, BLOCK_N)
     for j in range(tl.maximum(j0, n_code), tl.minimum(j1, n_code + n_sink)):
         rows = (j - n_code) * BLOCK_N + offs_n
         ok = rows < s_held
         base = slot * stride_ss + h * stride_sh + rows[:, None] * stride_sn + offs_d[None, :]
-        k = tl.load(ks_ptr + base, mask=ok[:, None], other=0.0)
-        v = tl.load(vs_ptr + base, mask=ok[:, None], other=0.0)
+        k = tl.load(ks_ptr + base, mask=ok[:, None] & (offs_d < D)[None, :], other=0.0)
+        v = tl.load(vs_ptr + base, mask=ok[:, None] & (offs_d < D)[None, :], other=0.0)
         m, l, acc = _attend(q_hi, q_lo, k, v, ok[None, :], m, l, acc, DOT_BF16)
     for j in range(tl.maximum(j0, n_code + n_sink), j1):
         rows = (j - n_code - n_sink) * BLOCK_N + offs_n
         # ring row r holds position p (p % RECENT == r) for the n_rec latest positions from rec_start on
         ok = (rows < RECENT) & ((rows + RECENT - rec_start % RECENT) % RECENT < n_rec)
         base = slot * stride_rs + h * stride_rh + rows[:, None] * stride_rn + offs_d[None, :]
-        k = tl.load(kr_ptr + base, mask=ok[:, None], other=0.0)
-        v = tl.load(vr_ptr + base, mask=ok[:, None], other=0.0)
+        k = tl.load(kr_ptr + base, mask=ok[:, None] & (offs_d < D)[None, :], other=0.0)
+        v = tl.load(vr_ptr + base, mask=ok[:, None] & (offs_d < D)[None, :], other=0.0)
         m, l, acc = _attend(q_hi, q_lo, k, v, ok[None, :], m, l, acc, DOT_BF16)
     return m, l, acc
 
@@ -119,14 +120,15 @@ def decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr,
                   stride_rs, stride_rn, stride_rh,
                   stride_pob, stride_poh, stride_pos, stride_pog,
                   stride_plb, stride_plh, stride_pls,
-                  SINKS, RECENT, SPLITS, G, PAGE,
-                  G_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
+                  SINKS, RECENT, SPLITS, G, PAGE, D,
+                  G_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                   FORMAT: tl.constexpr, NQ: tl.constexpr, WINDOW: tl.constexpr, DOT_BF16: tl.constexpr):
     "One (sequence, KV head, split): online softmax over its share of code blocks and window blocks."
     b, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    offs_g, offs_d, offs_n = tl.arange(0, G_PAD), tl.arange(0, D), tl.arange(0, BLOCK_N)
+    offs_g, offs_d, offs_n = tl.arange(0, G_PAD), tl.arange(0, D_PAD), tl.arange(0, BLOCK_N)
     g_ok = offs_g < G
-    q = tl.load(q_ptr + b * stride_qb + (h * G + offs_g)[:, None] * stride_qh + offs_d[None, :], mask=g_ok[:, None], other=0.0)
+    gd_ok = g_ok[:, None] & (offs_d < D)[None, :]
+    q = tl.load(q_ptr + b * stride_qb + (h * G + offs_g)[:, None] * stride_qh + offs_d[None, :], mask=gd_ok, other=0.0)
     if DOT_BF16:
         q_hi = q.to(tl.bfloat16); q_lo = (q - q_hi.to(tl.float32)).to(tl.bfloat16)
     else:
@@ -146,19 +148,19 @@ def decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr,
     j1 = tl.minimum(total, j0 + per)
     m = tl.full([G_PAD], float("-inf"), tl.float32)
     l = tl.zeros([G_PAD], tl.float32)
-    acc = tl.zeros([G_PAD, D], tl.float32)
+    acc = tl.zeros([G_PAD, D_PAD], tl.float32)
     m, l, acc = _code_blocks(q_hi, q_lo, m, l, acc, j0, tl.minimum(j1, n_code), p0, h, indices_ptr, k_ptr, v_ptr, table_ptr,
-                             stride_kp, stride_kn, stride_kh, PAGE, L, s_held, rec_start, offs_n, offs_d, FORMAT, D, NQ, BLOCK_N, DOT_BF16)
+                             stride_kp, stride_kn, stride_kh, PAGE, L, s_held, rec_start, offs_n, offs_d, D, FORMAT, D_PAD, NQ, BLOCK_N, DOT_BF16)
     if WINDOW:
         slot = tl.load(wslot_ptr + b).to(tl.int64)
         m, l, acc = _window_blocks(q_hi, q_lo, m, l, acc, j0, j1, n_code, slot, h, ks_ptr, vs_ptr, kr_ptr, vr_ptr,
                                    stride_ss, stride_sn, stride_sh, stride_rs, stride_rn, stride_rh,
-                                   SINKS, RECENT, s_held, rec_start, L - rec_start, offs_n, offs_d, DOT_BF16, BLOCK_N)
+                                   SINKS, RECENT, s_held, rec_start, L - rec_start, offs_n, offs_d, D, DOT_BF16, BLOCK_N)
     empty = l == 0.0
     o = acc / tl.where(empty, 1.0, l)[:, None]
     lse = tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, l)))
     po = po_ptr + b * stride_pob + h * stride_poh + s * stride_pos
-    tl.store(po + offs_g[:, None] * stride_pog + offs_d[None, :], o, mask=g_ok[:, None])
+    tl.store(po + offs_g[:, None] * stride_pog + offs_d[None, :], o, mask=gd_ok)
     tl.store(pl_ptr + b * stride_plb + h * stride_plh + s * stride_pls + offs_g, lse, mask=g_ok)
 
 @triton.jit(do_not_specialize=["SPLITS", "G"])
@@ -166,22 +168,23 @@ def decode_merge_kernel(po_ptr, pl_ptr, o_ptr, lse_ptr,
                         stride_pob, stride_poh, stride_pos, stride_pog,
                         stride_plb, stride_plh, stride_pls,
                         stride_ob, stride_oh, stride_lb,
-                        SPLITS, G, D: tl.constexpr, SPLITS_PAD: tl.constexpr):
+                        SPLITS, G, D, D_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr):
     "One (sequence, query head): merge the SPLITS partial outputs by log-sum-exp (one partial row in registers at a time)."
     b, hq = tl.program_id(0), tl.program_id(1)
     h, g = hq // G, hq % G
-    offs_s, offs_d = tl.arange(0, SPLITS_PAD), tl.arange(0, D)
+    offs_s, offs_d = tl.arange(0, SPLITS_PAD), tl.arange(0, D_PAD)
+    d_ok = offs_d < D
     pl = pl_ptr + b * stride_plb + h * stride_plh + g
     lse = tl.load(pl + offs_s * stride_pls, mask=offs_s < SPLITS, other=float("-inf"))
     mx = tl.max(lse, 0)
     wsum = tl.sum(tl.where(lse > float("-inf"), tl.exp(lse - mx), 0.0), 0)
     po = po_ptr + b * stride_pob + h * stride_poh + g * stride_pog + offs_d
-    o = tl.zeros([D], tl.float32)
+    o = tl.zeros([D_PAD], tl.float32)
     for s in range(0, SPLITS):
         ls = tl.load(pl + s * stride_pls)
         if ls > float("-inf"):                      # an empty share wrote zeros and -inf: skip it
-            o += tl.exp(ls - mx) * tl.load(po + s * stride_pos)
-    tl.store(o_ptr + b * stride_ob + hq * stride_oh + offs_d, o / wsum)
+            o += tl.exp(ls - mx) * tl.load(po + s * stride_pos, mask=d_ok, other=0.0)
+    tl.store(o_ptr + b * stride_ob + hq * stride_oh + offs_d, o / wsum, mask=d_ok)
     tl.store(lse_ptr + b * stride_lb + hq, mx + tl.log(wsum))
 
 # %% ../../nbs/32_kernels.decode.ipynb #bf8446d0
@@ -301,10 +304,10 @@ def decode(q:Tensor, # float [B, Hq, D], original domain; Hq a multiple of kv_he
         qr, kp, vp, indptr, indices, last_page_len, *wt, table, po, pl,
         qr.stride(0), qr.stride(1), kp.stride(0), kp.stride(1), kp.stride(2), *wst,
         po.stride(0), po.stride(1), po.stride(2), po.stride(3), pl.stride(0), pl.stride(1), pl.stride(2),
-        S, R, splits, G, PAGE, G_PAD=max(16, triton.next_power_of_2(G)), D=D, BLOCK_N=block_n, FORMAT=fmt, **_meta(codec, fmt),
+        S, R, splits, G, PAGE, D, G_PAD=max(16, triton.next_power_of_2(G)), D_PAD=triton.next_power_of_2(D), BLOCK_N=block_n, FORMAT=fmt, **_meta(codec, fmt),
         WINDOW=has_w, DOT_BF16=not interpreting(), num_warps=t.num_warps, num_stages=t.num_stages)
     decode_merge_kernel[(B, Hq)](
         po, pl, o_rot, lse, po.stride(0), po.stride(1), po.stride(2), po.stride(3), pl.stride(0), pl.stride(1), pl.stride(2),
-        o_rot.stride(0), o_rot.stride(1), lse.stride(0), splits, G, D=D, SPLITS_PAD=max(2, triton.next_power_of_2(splits)))
+        o_rot.stride(0), o_rot.stride(1), lse.stride(0), splits, G, D, D_PAD=triton.next_power_of_2(D), SPLITS_PAD=max(2, triton.next_power_of_2(splits)))
     o = codec.unrotate(o_rot).to(q.dtype)                           # rotate the output back once
     return (o, lse) if return_lse else o

@@ -28,26 +28,27 @@ def prefill_kernel(q_ptr, kn_ptr, vn_ptr, qo_ptr, k_ptr, v_ptr, indptr_ptr, indi
                    stride_ss, stride_sn, stride_sh,
                    stride_rs, stride_rn, stride_rh,
                    stride_ot, stride_oh, stride_lt,
-                   SINKS, RECENT, G, PAGE,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
+                   SINKS, RECENT, G, PAGE, D,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr,
                    FORMAT: tl.constexpr, NQ: tl.constexpr, WINDOW: tl.constexpr, DOT_BF16: tl.constexpr):
     "One (sequence, KV head, tile of packed query rows): prefix code blocks + window + causal chunk."
     b, h, mt = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     q0 = tl.load(qo_ptr + b)
     C = tl.load(qo_ptr + b + 1) - q0
     if mt * BLOCK_M < C * G:
-        offs_m, offs_d, offs_n = mt * BLOCK_M + tl.arange(0, BLOCK_M), tl.arange(0, D), tl.arange(0, BLOCK_N)
+        offs_m, offs_d, offs_n = mt * BLOCK_M + tl.arange(0, BLOCK_M), tl.arange(0, D_PAD), tl.arange(0, BLOCK_N)
         r_ok = offs_m < C * G
+        d_ok = offs_d < D
         qi = offs_m // G
         qh = h * G + offs_m % G
-        q = tl.load(q_ptr + (q0 + qi)[:, None].to(tl.int64) * stride_qt + qh[:, None] * stride_qh + offs_d[None, :], mask=r_ok[:, None], other=0.0)
+        q = tl.load(q_ptr + (q0 + qi)[:, None].to(tl.int64) * stride_qt + qh[:, None] * stride_qh + offs_d[None, :], mask=r_ok[:, None] & d_ok[None, :], other=0.0)
         if DOT_BF16:
             q_hi = q.to(tl.bfloat16); q_lo = (q - q_hi.to(tl.float32)).to(tl.bfloat16)
         else:
             q_hi = q; q_lo = q
         m = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, D], tl.float32)
+        acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
         # 1. the prefix's code blocks
         P = tl.load(prefix_ptr + b)
         p0 = tl.load(indptr_ptr + b)
@@ -58,26 +59,26 @@ def prefill_kernel(q_ptr, kn_ptr, vn_ptr, qo_ptr, k_ptr, v_ptr, indptr_ptr, indi
             s_held = 0; rec_start = P
         n_code = tl.cdiv(tl.minimum(rec_start, P), BLOCK_N)   # P < SINKS: no code page is read (the table may hold none)
         m, l, acc = _code_blocks(q_hi, q_lo, m, l, acc, 0, n_code, p0, h, indices_ptr, k_ptr, v_ptr, table_ptr,
-                                 stride_kp, stride_kn, stride_kh, PAGE, P, s_held, rec_start, offs_n, offs_d, FORMAT, D, NQ, BLOCK_N, DOT_BF16)
+                                 stride_kp, stride_kn, stride_kh, PAGE, P, s_held, rec_start, offs_n, offs_d, D, FORMAT, D_PAD, NQ, BLOCK_N, DOT_BF16)
         # 2. the window's exact rows of the prefix
         if WINDOW:
             slot = tl.load(wslot_ptr + b).to(tl.int64)
             n_win = tl.cdiv(SINKS, BLOCK_N) + tl.cdiv(RECENT, BLOCK_N)
             m, l, acc = _window_blocks(q_hi, q_lo, m, l, acc, n_code, n_code + n_win, n_code, slot, h, ks_ptr, vs_ptr, kr_ptr, vr_ptr,
                                        stride_ss, stride_sn, stride_sh, stride_rs, stride_rn, stride_rh,
-                                       SINKS, RECENT, s_held, rec_start, P - rec_start, offs_n, offs_d, DOT_BF16, BLOCK_N)
+                                       SINKS, RECENT, s_held, rec_start, P - rec_start, offs_n, offs_d, D, DOT_BF16, BLOCK_N)
         # 3. the chunk's own exact K/V, causal
         last_q = (tl.minimum(C * G, (mt + 1) * BLOCK_M) - 1) // G
         for j in range(0, last_q + 1, BLOCK_N):
             kpos = j + offs_n
             k_ok = kpos < C
             ptrs = (q0 + kpos)[:, None].to(tl.int64) * stride_nt + h * stride_nh + offs_d[None, :]
-            k = tl.load(kn_ptr + ptrs, mask=k_ok[:, None], other=0.0)
-            v = tl.load(vn_ptr + ptrs, mask=k_ok[:, None], other=0.0)
+            k = tl.load(kn_ptr + ptrs, mask=k_ok[:, None] & d_ok[None, :], other=0.0)
+            v = tl.load(vn_ptr + ptrs, mask=k_ok[:, None] & d_ok[None, :], other=0.0)
             vis = k_ok[None, :] & (kpos[None, :] <= qi[:, None])
             m, l, acc = _attend(q_hi, q_lo, k, v, vis, m, l, acc, DOT_BF16)
         o = acc / l[:, None]          # every row sees at least its own key
-        tl.store(o_ptr + (q0 + qi)[:, None].to(tl.int64) * stride_ot + qh[:, None] * stride_oh + offs_d[None, :], o, mask=r_ok[:, None])
+        tl.store(o_ptr + (q0 + qi)[:, None].to(tl.int64) * stride_ot + qh[:, None] * stride_oh + offs_d[None, :], o, mask=r_ok[:, None] & d_ok[None, :])
         tl.store(lse_ptr + (q0 + qi).to(tl.int64) * stride_lt + qh, m + tl.log(l), mask=r_ok)
 
 # %% ../../nbs/33_kernels.prefill.ipynb #b2a72ed6
@@ -125,7 +126,7 @@ def prefill(q:Tensor, # float [T, Hq, D]: the chunks' queries (original domain)
         qr, kr, vr, qo_indptr, kp, vp, indptr, indices, prefix_lens, *wt, table, o_rot, lse,
         qr.stride(0), qr.stride(1), kr.stride(0), kr.stride(1), kp.stride(0), kp.stride(1), kp.stride(2), *wst,
         o_rot.stride(0), o_rot.stride(1), lse.stride(0),
-        S, R, G, PAGE, BLOCK_M=block_m, BLOCK_N=block_n, D=D, FORMAT=fmt, **_meta(codec, fmt), WINDOW=has_w, DOT_BF16=not interpreting(),
+        S, R, G, PAGE, D, BLOCK_M=block_m, BLOCK_N=block_n, D_PAD=triton.next_power_of_2(D), FORMAT=fmt, **_meta(codec, fmt), WINDOW=has_w, DOT_BF16=not interpreting(),
         num_warps=t.num_warps, num_stages=t.num_stages)
     o = codec.unrotate(o_rot).to(q.dtype)
     return (o, lse) if return_lse else o

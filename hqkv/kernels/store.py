@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 from ..codec import Codec
-from . import kernel_format, check_device, interpreting
+from . import kernel_format, check_device, tile
 from .decode import _check_pages
 
 # %% auto #0
@@ -60,26 +60,28 @@ def _e8p_nearest(x, # fp32 [NG, 8]: groups (already normalised)
     sbits = tl.sum(tl.where(lane[None, :] >= 1, neg << tl.maximum(lane[None, :] - 1, 0), 0), 1)
     return (bp << 8) | (sbits << 1) | bs
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def store_kernel(x_ptr, pages_ptr, slot_ptr, abs_ptr, par_ptr, T,
-                 stride_xt, stride_xh, stride_kp, stride_kn, stride_kh,
-                 D: tl.constexpr, PAGE: tl.constexpr, BLOCK_T: tl.constexpr, FORMAT: tl.constexpr, PB: tl.constexpr):
+                 stride_xt, stride_xh, stride_kp, stride_kn, stride_kh, D,
+                 D_PAD: tl.constexpr, PAGE: tl.constexpr, BLOCK_T: tl.constexpr, FORMAT: tl.constexpr, PB: tl.constexpr):
     "Code BLOCK_T rows of one KV head and write them to their page rows (hq-e8-2b: the codeword bytes)."
     pid, h = tl.program_id(0), tl.program_id(1)
     offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
-    offs_d = tl.arange(0, D)
+    offs_d = tl.arange(0, D_PAD)
+    d_ok = offs_d < D
     t_ok = offs_t < T
     slot = tl.load(slot_ptr + offs_t, mask=t_ok, other=0)
     page, row = slot // PAGE, slot % PAGE
-    x = tl.load(x_ptr + offs_t[:, None].to(tl.int64) * stride_xt + h * stride_xh + offs_d[None, :], mask=t_ok[:, None], other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + offs_t[:, None].to(tl.int64) * stride_xt + h * stride_xh + offs_d[None, :], mask=t_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
     dst = pages_ptr + page[:, None] * stride_kp + row[:, None] * stride_kn + h * stride_kh
     if FORMAT == 0:   # bf16 bits (pages viewed as int16); explicit rounding: the interpreter's cast truncates
-        tl.store(dst + offs_d[None, :], _bf16_bits(x), mask=t_ok[:, None])
+        tl.store(dst + offs_d[None, :], _bf16_bits(x), mask=t_ok[:, None] & d_ok[None, :])
     else:             # hq-e8-2b: D/8 codewords, low byte at 2g, high byte at 2g + 1
-        codes = tl.reshape(_e8p_nearest(tl.reshape(x, [BLOCK_T * (D // 8), 8]), abs_ptr, par_ptr, BLOCK_T * (D // 8), PB), [BLOCK_T, D // 8])
-        g2 = 2 * tl.arange(0, D // 8)[None, :]
-        tl.store(dst + g2, (codes & 255).to(tl.uint8), mask=t_ok[:, None])
-        tl.store(dst + g2 + 1, (codes >> 8).to(tl.uint8), mask=t_ok[:, None])
+        codes = tl.reshape(_e8p_nearest(tl.reshape(x, [BLOCK_T * (D_PAD // 8), 8]), abs_ptr, par_ptr, BLOCK_T * (D_PAD // 8), PB), [BLOCK_T, D_PAD // 8])
+        offs_g = tl.arange(0, D_PAD // 8)
+        ok = t_ok[:, None] & (offs_g < D // 8)[None, :]
+        tl.store(dst + 2 * offs_g[None, :], (codes & 255).to(tl.uint8), mask=ok)
+        tl.store(dst + 2 * offs_g[None, :] + 1, (codes >> 8).to(tl.uint8), mask=ok)
 
 # %% ../../nbs/31_kernels.store.ipynb #2a72b0c1
 def store(k:Tensor, v:Tensor, # float [T, kv_heads, D]: new rows, original domain
@@ -111,43 +113,42 @@ def store(k:Tensor, v:Tensor, # float [T, kv_heads, D]: new rows, original domai
         for x, pages in ((k, k_pages), (v, v_pages)):
             p = pages.view(torch.int16)
             store_kernel[(triton.cdiv(T, block_t), Hkv)](
-                x, p, slot_mapping, x, x, T, x.stride(0), x.stride(1), p.stride(0), p.stride(1), p.stride(2),
-                D=D, PAGE=PAGE, BLOCK_T=block_t, FORMAT=0, PB=1)
+                x, p, slot_mapping, x, x, T, x.stride(0), x.stride(1), p.stride(0), p.stride(1), p.stride(2), D,
+                D_PAD=triton.next_power_of_2(D), PAGE=PAGE, BLOCK_T=block_t, FORMAT=0, PB=1)
         return
     from hqkv.codec.e8 import E8P_ABS, E8P_PARITY, e8p_decode
     abs_t, par_t = E8P_ABS.to(k.device).contiguous(), E8P_PARITY.to(device=k.device, dtype=torch.int32)
-    bt = 16 if interpreting() else 4
+    t = tile("store", D, k.device)                                  # BLOCK_T rows per program, PB patterns scored per step
     pid, row = slot_mapping // PAGE, slot_mapping % PAGE
     for x, pages in ((k, k_pages), (v, v_pages)):
         z, unit = _e8_prepare(codec, x)                             # rotate + normalise: the codec's arithmetic
-        store_kernel[(triton.cdiv(T, bt), Hkv)](
-            z, pages, slot_mapping, abs_t, par_t, T, z.stride(0), z.stride(1), pages.stride(0), pages.stride(1), pages.stride(2),
-            D=D, PAGE=PAGE, BLOCK_T=bt, FORMAT=1, PB=64 if interpreting() else 4)
+        store_kernel[(triton.cdiv(T, t.block_n), Hkv)](
+            z, pages, slot_mapping, abs_t, par_t, T, z.stride(0), z.stride(1), pages.stride(0), pages.stride(1), pages.stride(2), D,
+            D_PAD=triton.next_power_of_2(D), PAGE=PAGE, BLOCK_T=t.block_n, FORMAT=1, PB=t.block_m, num_warps=t.num_warps, num_stages=t.num_stages)
         b = pages[pid, row][..., : D // 4].to(torch.int64)          # the codewords just written, [T, Hkv, D/4]
         c = e8p_decode(b[..., 0::2] | (b[..., 1::2] << 8)).reshape(T * Hkv, D)
         pages[pid, row, :, D // 4:] = _e8_scales(codec, z, c, unit).reshape(T, Hkv, -1)
 
 def _e8_prepare(codec, x):
-    "Rotated rows normalised per quarter, z [T, kv_heads, D], and the quarters' units [T*kv_heads, Q, 1]: `HQE8._encode`'s first steps, op for op."
+    "Rotated rows normalised per quarter, z [T, kv_heads, D], and the quarters' units [T*kv_heads, Q]: `HQE8._encode`'s first steps, op for op."
     T, H, D = x.shape
-    Q, tiny = codec.quarters, torch.finfo(torch.float32).tiny
+    tiny = torch.finfo(torch.float32).tiny
     y = codec.rotate(x.reshape(-1, D).to(torch.float32))
     if not bool(torch.isfinite(y).all()): raise ValueError(f"{codec.name}.encode: the rotated vector overflows float32 (|x| too large)")
-    y = y.reshape(-1, Q, D // Q)
-    m = y.abs().amax(-1, keepdim=True)
-    yn = y / m.clamp_min(tiny)
-    rms_n = (yn * yn).mean(-1, keepdim=True).sqrt()
-    z = yn * (codec.gain / rms_n.clamp_min(tiny))
+    m = codec._reduce(y.abs(), torch.amax)                                   # quarters of unequal length when D % 32 != 0
+    yn = codec._per_quarter(y, m.clamp_min(tiny), torch.div)
+    rms_n = codec._reduce(yn * yn, torch.mean).sqrt()
+    z = codec._per_quarter(yn, codec.gain / rms_n.clamp_min(tiny), torch.mul)
     return z.reshape(T, H, D), m * rms_n / codec.gain
 
 def _e8_scales(codec, z, c, unit):
     "The quarter scales as bytes [n, 2Q] (bf16 each), following `HQE8._encode`'s last step (<z, c> from ||z - c||^2 per group)."
-    Q, D = codec.quarters, codec.head_dim
+    D = codec.head_dim
     n = c.shape[0]
     zg, cg = z.reshape(n, D // 8, 8), c.reshape(n, D // 8, 8)
     zz, cc = (zg * zg).sum(-1), (cg * cg).sum(-1)
     d = ((zg - cg) ** 2).sum(-1)      # the codec takes this distance from its encoder; equal up to rounding
-    zc = (0.5 * (zz + cc - d)).reshape(n, Q, -1).sum(-1)
-    s16 = (unit[..., 0] * zc / cc.reshape(n, Q, -1).sum(-1)).to(torch.bfloat16)
+    zc = codec._reduce(0.5 * (zz + cc - d), torch.sum, 1)
+    s16 = (unit * zc / codec._reduce(cc, torch.sum, 1)).to(torch.bfloat16)
     if not bool(torch.isfinite(s16).all()): raise ValueError(f"{codec.name}.encode: a scale overflows bfloat16")
     return s16.view(torch.uint8)
