@@ -120,16 +120,22 @@ print(prow, flush=True)
 # Table
 # -----
 dev_name = torch.cuda.get_device_name() if DEV == "cuda" else "CPU (Triton interpreter: times mean nothing)"
-lines = [f"Device: {dev_name}; torch {torch.__version__}, triton {triton.__version__}; geometry {HQ} q heads, {HKV} kv heads x {D}.", "",
-         "| op | context | batch | hq-e8-2b ms | bf16 ms | SDPA bf16 ms | e8 / bf16 | e8 / SDPA | bf16 / SDPA | e8 KV MiB | bf16 KV MiB |",
-         "|---|---|---|---|---|---|---|---|---|---|---|"]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from roofline import spec_for, predict_decode      # the roofline model beside the measurement (kernels/roofline.md)
+gpu = spec_for(dev_name) or "H100-SXM5-80GB"
+for r in rows:
+    for name in FORMATS: r[f"model {name} ms"] = predict_decode(gpu, name, D, HQ, HKV, r["context"], r["batch"])["us"] / 1e3
+lines = [f"Device: {dev_name}; torch {torch.__version__}, triton {triton.__version__}; geometry {HQ} q heads, {HKV} kv heads x {D}. "
+         f"Model columns: kernels/roofline.py's prediction for {gpu}{'' if spec_for(dev_name) else ' (this device is not modelled)'}.", "",
+         "| op | context | batch | hq-e8-2b ms | bf16 ms | SDPA bf16 ms | e8 / bf16 | e8 / SDPA | bf16 / SDPA | e8 KV MiB | bf16 KV MiB | model e8 ms | model bf16 ms |",
+         "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 def fmt(r, k): return f"{r[k]:.3f}" if k in r else "-"
 def ratio(r, a, b): return f"{r[a] / r[b]:.2f}" if a in r and b in r else "-"
 for op, rs in (("decode", rows), (f"prefill {CHUNK}", [prow])):
     for r in rs:
         lines.append(f"| {op} | {r['context']} | {r['batch']} | {fmt(r, 'hq-e8-2b ms')} | {fmt(r, 'bf16 ms')} | {fmt(r, 'sdpa bf16 ms')} | "
                      f"{ratio(r, 'hq-e8-2b ms', 'bf16 ms')} | {ratio(r, 'hq-e8-2b ms', 'sdpa bf16 ms')} | {ratio(r, 'bf16 ms', 'sdpa bf16 ms')} | "
-                     f"{fmt(r, 'hq-e8-2b KV MB')} | {fmt(r, 'bf16 KV MB')} |")
+                     f"{fmt(r, 'hq-e8-2b KV MB')} | {fmt(r, 'bf16 KV MB')} | {fmt(r, 'model hq-e8-2b ms')} | {fmt(r, 'model bf16 ms')} |")
 table = "\n".join(lines)
 print(table)
 if args.out:
