@@ -38,6 +38,7 @@ class SamplingParams:
     temperature: float = 0.0   # 0: greedy (argmax)
     top_p: float = 1.0         # keep the smallest set of tokens whose probability reaches top_p
     seed: int|None = None      # the request's own generator seed (None: drawn at submit, reported on the request)
+    top_logits: int = 0        # keep the best n logits of every generated token on `Request.top_logits` (how sure the model was)
     def __post_init__(self):
         for n in ("temperature", "top_p"):
             x = getattr(self, n)
@@ -46,6 +47,8 @@ class SamplingParams:
         if not 0 < self.top_p <= 1: raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
             raise ValueError(f"seed must be a non-negative int or None, got {self.seed!r}")
+        if isinstance(self.top_logits, bool) or not isinstance(self.top_logits, int) or self.top_logits < 0:
+            raise ValueError(f"top_logits must be a non-negative int, got {self.top_logits!r}")
     @property
     def greedy(self) -> bool: return self.temperature == 0
 
@@ -359,6 +362,8 @@ def _commit_one(self:Engine, w:Work, lg:Tensor) -> TokenEvent|None:
     try: t = sample(lg, r.sampling, r.generator)
     except Exception as e: self.scheduler.advance(w); self._fail(r, f"sampling failed: {type(e).__name__}: {e}"); return None
     self.scheduler.advance(w)                 # from here on nothing raises: the token, the text and the pages move together
+    if r.sampling.top_logits:
+        v, i = lg.detach().float().cpu().topk(min(r.sampling.top_logits, lg.shape[-1])); r.top_logits.append((i, v, float(lg.abs().max())))
     return self._emit(r, t)
 
 @patch

@@ -13,7 +13,7 @@ from .models.load import LoadedLM, text_config, head_dim_of
 
 # %% auto #0
 __all__ = ['STEP_ATTN', 'LAYER_KINDS', 'running', 'SlidingRings', 'LinearStates', 'LaneCache', 'LaneStateLayer', 'step_attention',
-           'register_step_attention', 'layer_types', 'ModelRunner', 'reference_greedy', 'runner_greedy']
+           'register_step_attention', 'layer_types', 'ModelRunner', 'runner_greedy']
 
 # %% ../nbs/40b_model_runner.ipynb #31178819
 STEP_ATTN = "hqkv_step"   # the attention implementation the runner sets on its model
@@ -254,16 +254,7 @@ def undo(self:ModelRunner, seq_ids):
     if self.paged.step is None and self.paged.last is not None: self.paged.undo(seq_ids)
 
 # %% ../nbs/40b_model_runner.ipynb #d4daae13
-def reference_greedy(model, # a transformers causal LM (not one a ModelRunner has taken over)
-                     prompt:list, n:int) -> list:
-    "transformers' own greedy continuation of `prompt` (its forward and DynamicCache; no stop token)."
-    from transformers import DynamicCache
-    cache, out, x = DynamicCache(config=model.config), [], torch.tensor([prompt], device=model.device)
-    with torch.no_grad():
-        for _ in range(n):
-            out.append(int(model(input_ids=x, cache=cache, use_cache=True).logits[0, -1].argmax()))
-            x = torch.tensor([[out[-1]]], device=model.device)
-    return out
+from .testing import reference_greedy   # transformers' own greedy decoding: the reference the tests compare with
 
 def runner_greedy(run:ModelRunner, prompts:list, n:int, chunk:int=64) -> list:
     "Greedy continuations of `prompts` run together through `run`: prompts in chunks of `chunk` tokens, then one decode token each per step."

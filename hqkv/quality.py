@@ -14,6 +14,7 @@ from torch import Tensor
 from .codec import list_codecs, codec_class, asked_codec_opts
 from .sizing import CacheLayout, get_geometry, bytes_per_token, key_format_items
 from .fixtures import kjv_from_bible
+from .testing import top2_margin
 
 # %% auto #0
 __all__ = ['PYDOC_GLOB', 'TEXTS', 'GEOMETRY', 'codec_opts', 'REGIMES', 'NIAH_INTRO', 'NIAH_NEEDLE', 'NIAH_QUESTION', 'ORACLE',
@@ -228,6 +229,7 @@ class TokenScores:
     agree: Tensor    # bool [n]: the same argmax as the oracle
     nll: Tensor      # float64 [n]: -log p_variant(actual next token)
     nll_ref: Tensor  # float64 [n]: -log p_oracle(actual next token)
+    margin: Tensor   # float32 [n]: the oracle's top-2 margin over its largest |logit| (a top-1 difference below it can be float noise: `check_top1`)
     def summary(self)->dict:
         "Mean KLD, top-1 agreement, delta NLL (variant - oracle), the KLD's 99th percentile and max, positions."
         k = self.kld
@@ -236,11 +238,11 @@ class TokenScores:
                     kld_p99=float(torch.quantile(k, 0.99)), kld_max=float(k.max()), n=len(k))
     def select(self, m:Tensor)->TokenScores:
         "The positions where the bool mask `m` is True."
-        return TokenScores(self.pos[m], self.kld[m], self.agree[m], self.nll[m], self.nll_ref[m])
+        return TokenScores(self.pos[m], self.kld[m], self.agree[m], self.nll[m], self.nll_ref[m], self.margin[m])
     @classmethod
     def cat(cls, parts:list)->TokenScores:
         "Concatenate the scores of consecutive chunks."
-        return cls(*(torch.cat([getattr(p, f) for p in parts]) for f in ("pos", "kld", "agree", "nll", "nll_ref")))
+        return cls(*(torch.cat([getattr(p, f) for p in parts]) for f in ("pos", "kld", "agree", "nll", "nll_ref", "margin")))
 
 def _kl_rows(lp:Tensor, lq:Tensor, block:int=128)->Tensor:
     "KL(p || q) per row from log-probabilities [n, V], a block of rows at a time, summed in float64."
@@ -317,6 +319,7 @@ def kld_eval(model, # a `Gemma3`
         want = ns if ns else "none"
         lp = _forward_scored(model, oracle, ch, ns, regime)          # the oracle runs as the variants do: a difference is the format's
         if ns:
+            margin = top2_margin(lp)                                    # before normalizing: relative to the logits
             lp -= torch.logsumexp(lp, -1, keepdim=True)
             pos = torch.arange(e - ns, e); tt = targets[pos][:, None]
             nll_ref, top_ref = -lp.gather(1, tt)[:, 0].double(), lp.argmax(-1)
@@ -324,7 +327,7 @@ def kld_eval(model, # a `Gemma3`
             lq = _forward_scored(model, st, ch, ns, regime)
             if ns:
                 lq -= torch.logsumexp(lq, -1, keepdim=True)
-                parts[v.name].append(TokenScores(pos, _kl_rows(lp, lq), lq.argmax(-1) == top_ref, -lq.gather(1, tt)[:, 0].double(), nll_ref))
+                parts[v.name].append(TokenScores(pos, _kl_rows(lp, lq), lq.argmax(-1) == top_ref, -lq.gather(1, tt)[:, 0].double(), nll_ref, margin))
             del lq
         del lp
     return {n: TokenScores.cat(p) for n, p in parts.items()}

@@ -36,6 +36,7 @@ class Request:
     t_first: float|None = None       # first output token
     t_done: float|None = None
     generator: object = None         # the request's torch.Generator (sampling only)
+    top_logits: list = field(default_factory=list)   # per token, if sampling.top_logits: (ids, logits, largest |logit|) of the best n
     @property
     def done(self) -> bool: return self.status in ("finished", "cancelled", "refused", "failed")
     @property

@@ -60,13 +60,14 @@ def test_reference_backend_batched_equals_alone(model):
     "The engine on the oracle attention (hqkv.attention, page by page) gives transformers' greedy tokens, batched or not."
     from hqkv.engine import Engine
     from hqkv.models.load import load_causal_lm
-    from hqkv.model_runner import reference_greedy
+    from hqkv.testing import check_greedy, ref_topk, reference_greedy
     eng = Engine(model=model, kv_format="bf16", kv_pool_bytes="2Ktok", max_context=256, prefill_chunk=64, attn="ref")
     assert eng.paged.attn == "ref"
     prompts = [eng.encode(p) for p in ("Once upon a time", "def fibonacci(n):", "The capital of France is")]
     hf = load_causal_lm("gemma-3-270m").model
     alone = [reference_greedy(hf, p, 4) for p in prompts]
-    assert [r.output_ids for r in eng.generate(prompts, max_new_tokens=4, stop=set())] == alone
+    for p, a, r in zip(prompts, alone, eng.generate(prompts, max_new_tokens=4, stop=set())):
+        check_greedy(r.output_ids, a, ref_topk(hf, p, a), what="batched on the oracle attention")   # up to near-ties
     eng.pool.check_integrity()
 
 def test_cancel_mid_prefill_frees_pages_and_engine_goes_on(model):

@@ -89,7 +89,7 @@ def test_generate_any_decoder_hybrid_plan_line(tmp_path):
     transformers' own greedy tokens, and the plan prices the pool's pages beside the fixed state per lane (the exact window plus the
     linear-attention states), as `hqkv.sizing` does."""
     from hqkv.models.load import write_tiny_model, load_causal_lm
-    from hqkv.model_runner import reference_greedy
+    from hqkv.testing import check_greedy, ref_topk, reference_greedy
     from hqkv.sizing import plan
     d = write_tiny_model(tmp_path / "tiny-hybrid", arch="qwen3_5")
     r = run(["generate", "the and of the god", "--model", str(d), "--format", "bf16", "--budget", "2Ktok", "--context", "512",
@@ -98,7 +98,9 @@ def test_generate_any_decoder_hybrid_plan_line(tmp_path):
     j = json.loads(r.stdout)
     lm = load_causal_lm(d)
     prompt = lm.tokenizer("the and of the god")["input_ids"]
-    assert j["tokens"] == reference_greedy(lm.model, prompt, 8)[:len(j["tokens"])] and j["config"]["model.path"] == str(d)
+    want = reference_greedy(lm.model, prompt, 8)
+    check_greedy(j["tokens"], want[:len(j["tokens"])], ref_topk(lm.model, prompt, want), what="hybrid bf16 pages")   # up to near-ties
+    assert j["config"]["model.path"] == str(d)
     p = plan(lm.geometry, "bf16", "2Ktok", context=512, exact_tokens=68)
     assert j["plan"]["state_bytes"] == p.state_bytes == lm.geometry.state_bytes + 68 * 2 * 1 * 2 * 64 * 2    # linear states + window (1 layer, 2 KV heads)
     line = j["vram_plan"]
@@ -109,7 +111,7 @@ def test_generate_any_decoder_hybrid_plan_line(tmp_path):
 def test_real_smollm2_generate_matches_transformers(tmp_path):
     "`hqkv generate --model smollm2-135m` with bf16 pages: transformers' own greedy tokens on a 500-token prompt."
     from hqkv.models.load import fetch_model, ModelUnavailable, load_causal_lm
-    from hqkv.model_runner import reference_greedy
+    from hqkv.testing import check_greedy, ref_topk, reference_greedy
     try: fetch_model("smollm2-135m")
     except ModelUnavailable as e: pytest.skip(str(e))
     lm = load_causal_lm("smollm2-135m")
@@ -120,5 +122,7 @@ def test_real_smollm2_generate_matches_transformers(tmp_path):
     assert p.returncode == 0, p.stderr
     j = json.loads(p.stdout)
     ids = lm.tokenizer(text)["input_ids"]
-    assert j["tokens"] == reference_greedy(lm.model, ids, 16)[:len(j["tokens"])] and len(j["tokens"]) >= 1
+    want = reference_greedy(lm.model, ids, 16)
+    check_greedy(j["tokens"], want[:len(j["tokens"])], ref_topk(lm.model, ids, want), what="SmolLM2 bf16 pages")   # up to near-ties
+    assert len(j["tokens"]) >= 1
     assert "model=smollm2-135m" in j["vram_plan"]
