@@ -30,6 +30,7 @@ struct Args {                                 // mirrored by hqkv.attention_cpu.
     const uint16_t* k_ring; const uint16_t* v_ring;   // bf16 [slots, R, H, D] (or null)
     float* out; float* lse;                   // [B, H, Gp, D], [B, H, Gp]
     int64_t B, H, Gp, D, page_size, k_row_bytes, v_row_bytes, S, R, chunk, threads;
+    int64_t block_rows, window_block_rows;    // set by hqkv_cpu_decode: rows per block of codes / of window rows (all heads' K and V under 128 KiB)
     const Fmt* kf; const Fmt* vf;
 };
 
@@ -112,30 +113,31 @@ static inline __m256 bcast_f16(const uint8_t* p) { return _mm256_set1_ps(_cvtsh_
 
 struct BF16 {                               // 8 bf16 -> 8 float: widen and shift
     struct R { const uint8_t* p; };
-    static inline R row(const uint8_t* p, const Fmt&) { return R{p}; }
+    static inline void prep(const uint8_t*, int64_t, int, const Fmt&, float*) {}
+    static inline R row(const uint8_t* p, const Fmt&, const float*, int) { return R{p}; }
     static inline __m256 load8(const R& r, int c, const Fmt&) {
         __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(r.p + 16 * c)));
         return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
     }
 };
 struct E8 {                                 // |pattern| (coord 0 carries the pattern's parity as its sign) xor signs + shift, times the quarter scale
-    struct R { const uint8_t* p; __m256 s[4]; };
-    static inline R row(const uint8_t* p, const Fmt& f) {
-        R r; r.p = p; const uint8_t* sp = p + f.D / 4;
-        for (int k = 0; k < 4; ++k) r.s[k] = _mm256_set1_ps(bf16f(ld16(sp + 2 * k)));
-        return r;
+    struct R { const uint8_t* p; const float* sc; };   // sc: the row's 4 quarter scales as floats (see prep)
+    static inline void prep(const uint8_t* base, int64_t stride, int n, const Fmt& f, float* sc) {
+        for (int i = 0; i < n; ++i) { const uint8_t* sp = base + i * stride + f.D / 4; for (int k = 0; k < 4; ++k) sc[4 * i + k] = bf16f(ld16(sp + 2 * k)); }
     }
+    static inline R row(const uint8_t* p, const Fmt&, const float* sc, int i) { return R{p, sc + 4 * i}; }
     static inline __m256 load8(const R& r, int c, const Fmt& f) {
         uint32_t code = ld16(r.p + 2 * c);
         __m256 a = _mm256_load_ps(f.tab + (code >> 8) * 8);
         __m256 sg = _mm256_load_ps(f.tab + 2048 + ((code >> 1) & 127) * 8);
         __m256 v = _mm256_add_ps(_mm256_xor_ps(a, sg), _mm256_load_ps(f.tab + 3072 + (code & 1) * 8));
-        return _mm256_mul_ps(v, r.s[f.quarter[c]]);
+        return _mm256_mul_ps(v, _mm256_broadcast_ss(r.sc + f.quarter[c]));
     }
 };
 struct Q8 {                                 // 8 int8 -> float, times the block's fp16 scale
     struct R { const uint8_t* p; };
-    static inline R row(const uint8_t* p, const Fmt&) { return R{p}; }
+    static inline void prep(const uint8_t*, int64_t, int, const Fmt&, float*) {}
+    static inline R row(const uint8_t* p, const Fmt&, const float*, int) { return R{p}; }
     static inline __m256 load8(const R& r, int c, const Fmt&) {
         const uint8_t* b = r.p + 34 * (c >> 2);
         __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(b + 2 + 8 * (c & 3))));
@@ -144,7 +146,8 @@ struct Q8 {                                 // 8 int8 -> float, times the block'
 };
 struct Q4 {                                 // element j: low nibble of byte j (j < 16), else high nibble of byte j - 16
     struct R { const uint8_t* p; };
-    static inline R row(const uint8_t* p, const Fmt&) { return R{p}; }
+    static inline void prep(const uint8_t*, int64_t, int, const Fmt&, float*) {}
+    static inline R row(const uint8_t* p, const Fmt&, const float*, int) { return R{p}; }
     static inline __m256 load8(const R& r, int c, const Fmt&) {
         const uint8_t* b = r.p + 18 * (c >> 2);
         __m256i w = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(b + 2 + 8 * (c & 1))));
@@ -154,7 +157,8 @@ struct Q4 {                                 // element j: low nibble of byte j (
 };
 template<int BITS> struct TBQ {             // 8 packed indices -> centroids by a register permute, times the block's fp16 scale
     struct R { const uint8_t* p; };
-    static inline R row(const uint8_t* p, const Fmt&) { return R{p}; }
+    static inline void prep(const uint8_t*, int64_t, int, const Fmt&, float*) {}
+    static inline R row(const uint8_t* p, const Fmt&, const float*, int) { return R{p}; }
     static inline __m256 load8(const R& r, int c, const Fmt& f) {
         int64_t per = f.block / 8, bk = c / per, j = c - bk * per;     // chunk j of block bk
         const uint8_t* b = r.p + f.block_bytes * bk;
@@ -184,15 +188,16 @@ static inline float hsum(__m256 a) {
 }
 
 // scores s[g][i] = q_g . k_i for G heads (G in 1, 2, 4, 8): 8/G rows at a time so that 8 accumulators fill one hadd tree
-template<class F, int G> static void score(const Fmt& f, const uint8_t* base, int64_t stride, int n, const float* q, float* s) {
+template<class F, int G> static void score(const Fmt& f, const uint8_t* base, int64_t stride, int n, const float* q, float* s, float* sc) {
     constexpr int RB = 8 / G;
     const int C = (int)(f.D / 8);
+    F::prep(base, stride, n, f, sc);
     int i = 0;
     for (; i + RB <= n; i += RB) {
         __m256 acc[8];
         for (int k = 0; k < 8; ++k) acc[k] = _mm256_setzero_ps();
         typename F::R rr[RB];
-        for (int r = 0; r < RB; ++r) rr[r] = F::row(base + (i + r) * stride, f);
+        for (int r = 0; r < RB; ++r) rr[r] = F::row(base + (i + r) * stride, f, sc, i + r);
         for (int c = 0; c < C; ++c)
             for (int r = 0; r < RB; ++r) {
                 __m256 k = F::load8(rr[r], c, f);
@@ -205,24 +210,38 @@ template<class F, int G> static void score(const Fmt& f, const uint8_t* base, in
     for (; i < n; ++i) {                       // the block's last rows, one at a time
         __m256 acc[G];
         for (int g = 0; g < G; ++g) acc[g] = _mm256_setzero_ps();
-        typename F::R r = F::row(base + i * stride, f);
+        typename F::R r = F::row(base + i * stride, f, sc, i);
         for (int c = 0; c < C; ++c) { __m256 k = F::load8(r, c, f);
             for (int g = 0; g < G; ++g) acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * f.D + 8 * c), k, acc[g]); }
         for (int g = 0; g < G; ++g) s[g * BLK + i] = hsum(acc[g]);
     }
 }
 
-// acc[g] += sum_i p[g][i] v_i, a row at a time (acc lives in L1; each row decoded once for the G heads)
-template<class F, int G> static void accum(const Fmt& f, const uint8_t* base, int64_t stride, int n, const float* p, float* acc) {
+// acc[g] += sum_i p[g][i] v_i: CB chunks of 8 values at a time for all rows of the block, the G x CB accumulators in
+// registers (acc in memory would chain every row's update through a store and a load)
+template<class F, int G> static void accum(const Fmt& f, const uint8_t* base, int64_t stride, int n, const float* p, float* acc, float* sc) {
+    constexpr int CB = 8 / G;
     const int C = (int)(f.D / 8);
-    for (int i = 0; i < n; ++i) {
-        typename F::R r = F::row(base + i * stride, f);
-        __m256 w[G];
-        for (int g = 0; g < G; ++g) w[g] = _mm256_set1_ps(p[g * BLK + i]);
-        for (int c = 0; c < C; ++c) {
-            __m256 v = F::load8(r, c, f);
-            for (int g = 0; g < G; ++g) { float* a = acc + g * f.D + 8 * c; _mm256_storeu_ps(a, _mm256_fmadd_ps(w[g], v, _mm256_loadu_ps(a))); }
+    F::prep(base, stride, n, f, sc);
+    int c0 = 0;
+    for (; c0 + CB <= C; c0 += CB) {
+        __m256 a[G][CB];
+        for (int g = 0; g < G; ++g) for (int k = 0; k < CB; ++k) a[g][k] = _mm256_loadu_ps(acc + g * f.D + 8 * (c0 + k));
+        for (int i = 0; i < n; ++i) {
+            typename F::R r = F::row(base + i * stride, f, sc, i);
+            __m256 w[G];
+            for (int g = 0; g < G; ++g) w[g] = _mm256_broadcast_ss(p + g * BLK + i);
+            for (int k = 0; k < CB; ++k) { __m256 v = F::load8(r, c0 + k, f);
+                for (int g = 0; g < G; ++g) a[g][k] = _mm256_fmadd_ps(w[g], v, a[g][k]); }
         }
+        for (int g = 0; g < G; ++g) for (int k = 0; k < CB; ++k) _mm256_storeu_ps(acc + g * f.D + 8 * (c0 + k), a[g][k]);
+    }
+    for (; c0 < C; ++c0) {                     // head dims that are not a multiple of 8 * CB: one chunk at a time
+        __m256 a[G];
+        for (int g = 0; g < G; ++g) a[g] = _mm256_loadu_ps(acc + g * f.D + 8 * c0);
+        for (int i = 0; i < n; ++i) { typename F::R r = F::row(base + i * stride, f, sc, i); __m256 v = F::load8(r, c0, f);
+            for (int g = 0; g < G; ++g) a[g] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + g * BLK + i), v, a[g]); }
+        for (int g = 0; g < G; ++g) _mm256_storeu_ps(acc + g * f.D + 8 * c0, a[g]);
     }
 }
 
@@ -257,8 +276,8 @@ static void softmax(float* s, int n, int G, float* m, float* l, float* acc, int6
 #pragma GCC pop_options
 
 // ---------------------------------------------------------------- dispatch
-typedef void (*ScoreFn)(const Fmt&, const uint8_t*, int64_t, int, const float*, float*);
-typedef void (*AccumFn)(const Fmt&, const uint8_t*, int64_t, int, const float*, float*);
+typedef void (*ScoreFn)(const Fmt&, const uint8_t*, int64_t, int, const float*, float*, float*);
+typedef void (*AccumFn)(const Fmt&, const uint8_t*, int64_t, int, const float*, float*, float*);
 static ScoreFn SCORE[FMT_COUNT][4];
 static AccumFn ACCUM[FMT_COUNT][4];
 template<class F> static void fill(int kind) {
@@ -277,15 +296,15 @@ extern "C" int hqkv_cpu_isa(int want) {       // want: -1 best available, 0 port
     return g_isa;
 }
 
-struct Ctx { std::vector<float> s, tmp; };
+struct Ctx { std::vector<float> s, tmp, sc; };   // scores [Gp, BLK], a decoded row, per-row scales [BLK, 4]
 static void block(Ctx& cx, const Fmt& kf, const Fmt& vf, const uint8_t* kb, int64_t ks, const uint8_t* vb, int64_t vs, int n,
                   const float* q, int64_t G, int64_t D, float* m, float* l, float* acc) {
     float* s = cx.s.data();
     if (g_isa == 1) {
         int gi = G == 1 ? 0 : G == 2 ? 1 : G == 4 ? 2 : 3;
-        for (int64_t g0 = 0; g0 < G; g0 += 8) SCORE[kf.kind][gi](kf, kb, ks, n, q + g0 * D, s + g0 * BLK);
+        for (int64_t g0 = 0; g0 < G; g0 += 8) SCORE[kf.kind][gi](kf, kb, ks, n, q + g0 * D, s + g0 * BLK, cx.sc.data());
         avx::softmax(s, n, (int)G, m, l, acc, D);
-        for (int64_t g0 = 0; g0 < G; g0 += 8) ACCUM[vf.kind][gi](vf, vb, vs, n, s + g0 * BLK, acc + g0 * D);
+        for (int64_t g0 = 0; g0 < G; g0 += 8) ACCUM[vf.kind][gi](vf, vb, vs, n, s + g0 * BLK, acc + g0 * D, cx.sc.data());
     } else {
         score_scalar(kf, kb, ks, n, q, (int)G, s, cx.tmp.data());
         softmax_scalar(s, n, (int)G, m, l, acc, D);
@@ -297,32 +316,30 @@ struct Blk { const uint8_t *kb, *vb; int64_t kh, vh, n; const Fmt *kf, *vf; };  
 
 // the next block of positions [p, p1) of sequence b: one span (sinks, codes, ring) and one page
 static Blk next_block(const Args& a, const Fmt* wf, int64_t b, int64_t p, int64_t p1) {
-    const int64_t H = a.H, D = a.D, P = a.page_size;
+    const int64_t H = a.H, D = a.D, P = a.page_size, BL = a.block_rows, BW = a.window_block_rows;
     const int64_t L = a.spans[4 * b], s = a.spans[4 * b + 1], r = a.spans[4 * b + 2], slot = a.spans[4 * b + 3];
     Blk k;
     if (p < s) {                               // sinks: exact rows of the window
-        k.n = std::min<int64_t>({BLK, s - p, p1 - p});
+        k.n = std::min<int64_t>({BW, s - p, p1 - p});
         int64_t o = (slot * a.S + p) * H * D;
         k.kb = (const uint8_t*)(a.k_sink + o); k.vb = (const uint8_t*)(a.v_sink + o); k.kh = k.vh = D * 2; k.kf = k.vf = wf;
     } else if (p < r) {                        // codes, in place in their page
         int64_t pg = a.indices[a.indptr[b] + p / P], t = p % P;
-        k.n = std::min<int64_t>({BLK, P - t, r - p, p1 - p});
+        k.n = std::min<int64_t>({BL, P - t, r - p, p1 - p});
         k.kb = a.k_pages + (pg * P + t) * H * a.k_row_bytes; k.kh = a.k_row_bytes;
         k.vb = a.v_pages + (pg * P + t) * H * a.v_row_bytes; k.vh = a.v_row_bytes;
         k.kf = a.kf; k.vf = a.vf;
     } else {                                   // the recent ring: position p in row p % R
         int64_t t = p % a.R;
-        k.n = std::min<int64_t>({BLK, a.R - t, L - p, p1 - p});
+        k.n = std::min<int64_t>({BW, a.R - t, L - p, p1 - p});
         int64_t o = (slot * a.R + t) * H * D;
         k.kb = (const uint8_t*)(a.k_ring + o); k.vb = (const uint8_t*)(a.v_ring + o); k.kh = k.vh = D * 2; k.kf = k.vf = wf;
     }
     return k;
 }
 
-static inline void prefetch(const uint8_t* p, int64_t bytes) { for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3); }
-
-// positions [p0, p1) of sequence b for every KV head: a block's rows of all heads are contiguous, so heads are the inner loop;
-// while head h reads its rows, the h-th slice of the next block's K and V is prefetched
+// positions [p0, p1) of sequence b for every KV head: a block's rows of all heads are contiguous, so heads are the inner loop
+// (software prefetch of the next block was measured: no gain over the hardware prefetchers)
 static void item(const Args& a, Ctx& cx, int64_t b, int64_t p0, int64_t p1, float* w) {
     const int64_t H = a.H, D = a.D, G = a.Gp, W = G * (D + 2);
     Fmt wf = {FMT_BF16, D, 0, 0, nullptr, {0}};
@@ -335,28 +352,27 @@ static void item(const Args& a, Ctx& cx, int64_t b, int64_t p0, int64_t p1, floa
     Blk cur = next_block(a, &wf, b, p0, p1);
     for (int64_t p = p0; p < p1;) {
         int64_t pn = p + cur.n;
-        Blk nxt = pn < p1 ? next_block(a, &wf, b, pn, p1) : cur;
-        int64_t ksl = (nxt.n * nxt.kh * H + H - 1) / H, vsl = (nxt.n * nxt.vh * H + H - 1) / H;   // this head's share of the next block
         for (int64_t h = 0; h < H; ++h) {
-            if (pn < p1) { prefetch(nxt.kb + h * ksl, ksl); prefetch(nxt.vb + h * vsl, vsl); }
             float* wh = w + h * W;
             block(cx, *cur.kf, *cur.vf, cur.kb + h * cur.kh, cur.kh * H, cur.vb + h * cur.vh, cur.vh * H, (int)cur.n,
                   a.q + (b * H + h) * G * D, G, D, wh, wh + G, wh + 2 * G);
         }
-        p = pn; cur = nxt;
+        p = pn; if (p < p1) cur = next_block(a, &wf, b, p, p1);
     }
 }
 
 extern "C" int hqkv_cpu_decode(const Args* ap, float* work) {   // work: [items, H, Gp, D + 2] floats
-    const Args& a = *ap;
+    Args a = *ap;
     if (g_isa < 0) hqkv_cpu_isa(-1);
+    auto rows_for = [&](int64_t bytes) { return std::max<int64_t>(8, std::min<int64_t>(BLK, (131072 / (a.H * bytes)) & ~7)); };
+    a.block_rows = rows_for(a.k_row_bytes + a.v_row_bytes); a.window_block_rows = rows_for(4 * a.D);   // window rows are bf16
     const int64_t H = a.H, G = a.Gp, D = a.D, W = G * (D + 2);
     std::vector<int64_t> first(a.B + 1, 0);   // items of sequence b: first[b] .. first[b+1]-1, one per split
     for (int64_t b = 0; b < a.B; ++b) { int64_t L = a.spans[4 * b]; first[b + 1] = first[b] + std::max<int64_t>(1, (L + a.chunk - 1) / a.chunk); }
     const int64_t items = first[a.B];
     #pragma omp parallel num_threads((int)a.threads) if (a.threads > 1)
     {
-        Ctx cx; cx.s.assign(G * BLK, 0.f); cx.tmp.assign(D, 0.f);
+        Ctx cx; cx.s.assign(G * BLK, 0.f); cx.tmp.assign(D, 0.f); cx.sc.assign(4 * BLK, 0.f);
         #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; ++it) {
             int64_t b = std::upper_bound(first.begin(), first.end(), it) - first.begin() - 1, j = it - first[b];
