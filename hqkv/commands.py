@@ -306,11 +306,16 @@ def _serve_setup(p):
     add_settings(p)
     p.add_argument("--max-waiting", type=int, default=64, help="requests that may wait for pages before the door answers 429 (default 64)")
     p.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens when a request gives none (default 256)")
+    p.add_argument("--max-body-bytes", type=int, default=4 << 20, help="largest request body; a larger one is refused with 413 (default 4 MiB)")
+    p.add_argument("--grace", type=float, default=30.0, help="on SIGTERM or Ctrl-C: seconds running requests get to finish before they end "
+                   "with an error (default 30); new requests get 503 meanwhile")
 
 def _serve_run(a) -> int:
     import signal, socket, uvicorn
     from hqkv.serve import EngineWorker, make_app
     if a.max_waiting < 1: raise ValueError(f"--max-waiting must be >= 1, got {a.max_waiting}")
+    if a.max_body_bytes < 1024: raise ValueError(f"--max-body-bytes must be >= 1024, got {a.max_body_bytes}")
+    if not a.grace >= 0: raise ValueError(f"--grace must be >= 0 seconds, got {a.grace}")
     cfg = config_from_args(a)                        # bad settings fail before the socket and the model
     sock = socket.socket(socket.AF_INET6 if ":" in a.host else socket.AF_INET); sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try: sock.bind((a.host, a.port))                 # before the model loads: a busy port fails at once
@@ -318,16 +323,17 @@ def _serve_run(a) -> int:
     eng = _engine(cfg)
     print(eng.plan_line(), flush=True)
     worker = EngineWorker(eng, a.max_waiting)
-    server = uvicorn.Server(uvicorn.Config(make_app(worker, eng.lm.name, a.default_max_tokens), log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(make_app(worker, eng.lm.name, a.default_max_tokens, a.max_body_bytes), log_level="warning"))
     http = threading.Thread(target=server.run, kwargs=dict(sockets=[sock]), name="hqkv-http", daemon=True)
-    def stop(*_): server.should_exit = True; worker._inbox.put(("stop", None))
-    signal.signal(signal.SIGTERM, stop)
+    def drain(sig, _):                               # graceful: running requests finish (up to --grace), each one answered
+        print(f"hqkv serve: {signal.Signals(sig).name}: draining (up to {a.grace:g} s)", flush=True); worker.drain(a.grace)
+    signal.signal(signal.SIGTERM, drain); signal.signal(signal.SIGINT, drain)
     http.start()
     base = f"http://{a.host}:{sock.getsockname()[1]}"
     print(f"hqkv serve: {eng.lm.name} on {base}/v1 · the Playground: {base}/", flush=True)
-    try: worker.run()                                # the engine owns the main thread; the HTTP side runs beside it
-    except KeyboardInterrupt: pass
-    finally: stop(); http.join(10)
-    return 0
+    try: worker.run()                                # the engine owns the main thread; the HTTP side runs beside it (returns once drained)
+    finally:
+        server.should_exit = True; http.join(a.grace + 10)   # uvicorn lets the answers already queued go out, then closes
+    return 0 if worker.error is None else 1
 
 register_command("serve", "an OpenAI-compatible HTTP server (completions, chat, streaming, /metrics; the Playground at /) over the engine", _serve_setup, _serve_run)

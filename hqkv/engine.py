@@ -45,8 +45,8 @@ class SamplingParams:
             if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x): raise ValueError(f"{n} must be a finite number, got {x!r}")
         if self.temperature < 0: raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1: raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
-            raise ValueError(f"seed must be a non-negative int or None, got {self.seed!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 64):
+            raise ValueError(f"seed must be a non-negative int below 2**64 or None, got {self.seed!r}")
         if isinstance(self.top_logits, bool) or not isinstance(self.top_logits, int) or self.top_logits < 0:
             raise ValueError(f"top_logits must be a non-negative int, got {self.top_logits!r}")
     @property

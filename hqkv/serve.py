@@ -20,7 +20,8 @@ except ImportError: Request = None
 _log = logging.getLogger("hqkv.serve")
 
 # %% auto #0
-__all__ = ['PLAYGROUND_DIR', 'Job', 'ServeMetrics', 'EngineWorker', 'BadRequest', 'make_app', 'PoolFeed', 'load_test']
+__all__ = ['ROLES', 'PLAYGROUND_DIR', 'Job', 'ServeMetrics', 'EngineWorker', 'held_back', 'BadRequest', 'chat_messages',
+           'make_app', 'PoolFeed', 'load_test']
 
 # %% ../nbs/43_serve.ipynb #ab4136ec
 @dataclass(eq=False)
@@ -42,6 +43,7 @@ class Job:
     t_last: float|None = None
     closed: bool = False
     rid: str = ""                     # the id its client sees (cmpl-..., chatcmpl-...): the Playground finds its pages by it
+    sent: int = 0                     # characters of `text` streamed so far (the rest could still begin a stop string)
 
     def put(self, item):
         if self.out is None: return
@@ -86,6 +88,7 @@ class EngineWorker:
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="hqkv-engine", daemon=True)
         self.error: BaseException|None = None
+        self.draining: float|None = None                 # shutting down: when the grace period ends (time.monotonic); the door answers 503
 
     def start(self) -> EngineWorker:
         "Run the loop in a thread of its own (tests, notebooks); `hqkv serve` runs it in the main thread instead (`run`)."
@@ -106,6 +109,10 @@ class EngineWorker:
             self.metrics.queue.set(self._accepted)
         self._inbox.put(("submit", job)); return True
     def cancel(self, job:Job): self._inbox.put(("cancel", job))
+    def drain(self, grace:float):
+        "Shut down gracefully: accept nothing new, let running requests finish for `grace` seconds, end the rest with an error, then stop."
+        if self.draining is None or time.monotonic() + grace < self.draining: self.draining = time.monotonic() + grace
+        self._inbox.put(("drain", None))
 
 # %% ../nbs/43_serve.ipynb #0b35afa1
 from fastcore.basics import patch
@@ -127,9 +134,18 @@ def _loop(self:EngineWorker):
                     if job.request is not None: eng.cancel(job.request)
             if not eng.idle: eng.step()
             self._settle()
+            if self.draining is not None and self._drained(): return
     except BaseException as e:                       # the engine thread must not die silently: every open job hears of it
         self.error = e; _log.exception("the engine thread stopped")
         for job in list(self._jobs): self._close(job, "error", f"the engine stopped: {type(e).__name__}: {e}")
+
+@patch
+def _drained(self:EngineWorker) -> bool:
+    "While draining: past the grace period, end every open job with an error; True once nothing is open or queued."
+    if time.monotonic() >= self.draining:
+        for job in list(self._jobs):
+            self.engine.cancel(job.request); self._close(job, "error", "the server shut down before the request finished")
+    return not self._jobs and self._inbox.empty() and self.engine.idle
 
 @patch
 def _start(self:EngineWorker, job:Job):
@@ -150,13 +166,21 @@ def _token(self:EngineWorker, job:Job, ev):
         i = text.find(s, max(0, len(job.text) - len(s) + 1))
         if i >= 0 and (cut is None or i < cut): cut = i
     if cut is not None:
-        delta, job.text = text[len(job.text):cut], text[:cut]
-        if delta: job.put(("token", delta))
+        job.text = text[:cut]; self._send(job)
         job.finish_reason = "stop"
         if not ev.finished: self.engine.cancel(job.request)
         return
-    if ev.text: job.put(("token", ev.text))
-    job.text = text
+    job.text = text; self._send(job, len(text) - held_back(text, job.stop))
+
+def held_back(text:str, stops) -> int:
+    "How many characters at the end of `text` could be the start of a stop string (a stream holds them back until they cannot)."
+    return max((k for s in stops for k in range(min(len(s) - 1, len(text)), 0, -1) if text.endswith(s[:k])), default=0)
+
+@patch
+def _send(self:EngineWorker, job:Job, upto:int|None=None):
+    "Stream the job's text from what was sent up to `upto` (None: all of it)."
+    upto = len(job.text) if upto is None else upto
+    if upto > job.sent: job.put(("token", job.text[job.sent:upto])); job.sent = upto
 
 @patch
 def _settle(self:EngineWorker):
@@ -177,6 +201,7 @@ def _close(self:EngineWorker, job:Job, reason:str, error:str|None=None):
     if job.closed: return
     job.closed, job.finish_reason, job.error = True, reason, error
     self._jobs.discard(job)
+    self._send(job)                                      # what a stop string held back, now that none can follow
     self.metrics.duration.observe(time.perf_counter() - job.t_submit)
     job.put(("done", reason))
 
@@ -187,13 +212,14 @@ class BadRequest(Exception):
         super().__init__(msg); self.code, self.param, self.headers = code, param, headers or {}
 
 _UNSUPPORTED = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1), "suffix": (None, ""),
-                "tools": (None, []), "functions": (None, []), "logit_bias": (None, {})}   # field -> the values that ask for nothing
+                "tools": (None, []), "functions": (None, []), "logit_bias": (None, {}), "frequency_penalty": (None, 0), "presence_penalty": (None, 0),
+                "response_format": (None, {"type": "text"}), "n": (None, 1)}   # field -> the values that ask for nothing (null: as if absent)
+ROLES = ("system", "user", "assistant")   # chat roles the server passes to the model's template
 
 def _sampling(body:dict) -> SamplingParams:
     "OpenAI sampling fields -> SamplingParams (temperature defaults to 1, as OpenAI's), refusing what hqkv does not do."
     for k, ok in _UNSUPPORTED.items():
         if k in body and body[k] not in ok: raise BadRequest(f"{k}={body[k]!r} is not supported by hqkv serve", param=k)
-    if body.get("n", 1) != 1: raise BadRequest(f"n must be 1, got {body.get('n')!r}", param="n")
     t, p, seed = body.get("temperature", 1.0), body.get("top_p", 1.0), body.get("seed")
     try: return SamplingParams(1.0 if t is None else t, 1.0 if p is None else p, seed)
     except ValueError as e: raise BadRequest(str(e), param=str(e).split()[0]) from None
@@ -206,10 +232,35 @@ def _stops(body:dict) -> tuple:
         raise BadRequest(f"stop must be a non-empty string or a list of up to 4, got {body.get('stop')!r}", param="stop")
     return tuple(s)
 
+def _utf8(s:str, what:str) -> str:
+    "`s` if it is text UTF-8 can carry (JSON lets a lone UTF-16 surrogate through; no tokenizer takes it)."
+    try: s.encode("utf-8")
+    except UnicodeEncodeError: raise BadRequest(f"{what} is not valid Unicode text: it holds a lone UTF-16 surrogate", param=what) from None
+    return s
+
+def chat_messages(msgs) -> list:
+    "OpenAI chat messages as the template takes them: known roles, content a string or a list of text parts (joined)."
+    if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
+        raise BadRequest("messages must be a non-empty list of {role, content} objects", param="messages")
+    out = []
+    for i, m in enumerate(msgs):
+        role, c = m.get("role"), m.get("content")
+        if role not in ROLES: raise BadRequest(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}", param="messages")
+        if isinstance(c, list):
+            bad = [p for p in c if not (isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str))]
+            if bad: raise BadRequest(f"messages[{i}].content: only text parts are supported, got {bad[0]!r}"[:300], param="messages")
+            c = "".join(p["text"] for p in c)
+        if not isinstance(c, str): raise BadRequest(f"messages[{i}].content must be a string or a list of text parts, got {type(c).__name__}", param="messages")
+        out.append({"role": role, "content": _utf8(c, "messages")})
+    return out
+
 def _max_tokens(body:dict, n_prompt:int, engine:Engine, default:int) -> int:
     "max_tokens (or max_completion_tokens): a default, a cap, and a 400 with the numbers when the request can never fit."
-    m = body.get("max_completion_tokens", body.get("max_tokens"))
+    m = body.get("max_completion_tokens")
+    if m is None: m = body.get("max_tokens")                 # null is absent, as in OpenAI's API
     C, pool_tokens = engine.config.max_context, engine.pool.num_pages * engine.pool.page_tokens
+    if n_prompt >= C: raise BadRequest(f"the prompt of {n_prompt} tokens does not fit the context of {C} tokens (engine.max_context) "
+                                       "with one new token", param="prompt")
     if m is None: m = max(1, min(default, C - n_prompt))
     if isinstance(m, bool) or not isinstance(m, int) or m < 1: raise BadRequest(f"max_tokens must be a positive integer, got {m!r}", param="max_tokens")
     need = n_prompt + m
@@ -223,18 +274,27 @@ PLAYGROUND_DIR = Path(str(files("hqkv"))) / "static"   # the Playground: playgro
 
 def make_app(worker:EngineWorker, # the running engine worker
              name:str, # the model name /v1/models reports
-             default_max_tokens:int=256):
+             default_max_tokens:int=256,
+             max_body_bytes:int=4 << 20): # a larger request body is refused (413) before it is read whole
     "The FastAPI app: OpenAI-compatible completions and chat, models, health and metrics over `worker`; the Playground at `/`."
     from fastapi import FastAPI
     from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse, PlainTextResponse
     from fastapi.staticfiles import StaticFiles
+    from starlette.exceptions import HTTPException
+    from concurrent.futures import ThreadPoolExecutor
     app, eng, tok = FastAPI(title="hqkv serve"), worker.engine, worker.engine.tokenizer
+    tokenize = ThreadPoolExecutor(1, thread_name_prefix="hqkv-tokenize")   # off the event loop: a huge prompt stalls nobody else
 
     @app.exception_handler(BadRequest)
     async def bad(request, e:BadRequest):
         worker.metrics.refused.labels(code=str(e.code)).inc()
         kind = "rate_limit_exceeded" if e.code == 429 else "invalid_request_error"
         return JSONResponse({"error": {"message": str(e), "type": kind, "param": e.param, "code": None}}, e.code, headers=e.headers)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request, e:HTTPException):                      # 404, 405, ...: OpenAI's error shape too
+        return JSONResponse({"error": {"message": f"{request.method} {request.url.path}: {e.detail}", "type": "invalid_request_error", "param": None, "code": None}},
+                            e.status_code, headers=getattr(e, "headers", None))
 
     @app.get("/health")
     async def health():
@@ -259,13 +319,29 @@ def make_app(worker:EngineWorker, # the running engine worker
         return worker.feed.read(since)
 
     async def body_of(request:Request) -> dict:
-        try: body = await request.json()
-        except ValueError: raise BadRequest("the request body is not JSON") from None
+        ct = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+        if not ct.endswith("json"): raise BadRequest(f"the request body must be JSON (Content-Type: application/json), got {ct!r}", 415)
+        raw = bytearray()
+        async for part in request.stream():                                  # counted as it arrives: a huge body is refused early
+            raw += part
+            if len(raw) > max_body_bytes: raise BadRequest(f"the request body is over the server's limit of {max_body_bytes:,} bytes (--max-body-bytes)", 413)
+        try: body = json.loads(raw)
+        except (ValueError, RecursionError): raise BadRequest("the request body is not JSON (or is nested too deeply)") from None
         if not isinstance(body, dict): raise BadRequest("the request body must be a JSON object")
+        for k in ("stream",):
+            if body.get(k) is not None and not isinstance(body[k], bool): raise BadRequest(f"{k} must be true or false, got {body[k]!r}", param=k)
+        so = body.get("stream_options")
+        if so is not None and not (isinstance(so, dict) and isinstance(so.get("include_usage", False), (bool, type(None)))):
+            raise BadRequest(f"stream_options must be an object like {{\"include_usage\": true}}, got {so!r}", param="stream_options")
         return body
 
-    async def run(body:dict, ids:list, chat:bool):
+    async def off_loop(fn, what:str):
+        "Tokenize or template in the tokenizer's thread (a request's own checks raise there as they would here)."
+        return await asyncio.get_running_loop().run_in_executor(tokenize, fn)
+
+    async def run(request:Request, body:dict, ids:list, chat:bool):
         if not ids: raise BadRequest("empty prompt", param="prompt")
+        if worker.draining is not None: raise BadRequest("the server is shutting down", 503, headers={"Retry-After": "5"})
         sampling, stop = _sampling(body), _stops(body)
         rid, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time())
         job = Job(ids, _max_tokens(body, len(ids), eng, default_max_tokens), sampling, stop, asyncio.get_running_loop(), asyncio.Queue(), rid=rid)
@@ -274,9 +350,18 @@ def make_app(worker:EngineWorker, # the running engine worker
         usage = lambda: {"prompt_tokens": len(ids), "completion_tokens": job.tokens, "total_tokens": len(ids) + job.tokens}
         if body.get("stream"): return StreamingResponse(_stream(worker, job, rid, created, name, chat, body, usage), media_type="text/event-stream")
         try:
-            while (item := await job.out.get())[0] != "done": pass
+            loop, check = asyncio.get_running_loop(), 0.0
+            while True:
+                try:
+                    if (await asyncio.wait_for(job.out.get(), 0.5))[0] == "done": break
+                except asyncio.TimeoutError: pass
+                if loop.time() >= check:                                   # twice a second: a client that gave up cancels its request
+                    check = loop.time() + 0.5
+                    if await request.is_disconnected(): worker.cancel(job); return JSONResponse({"error": {"message": "client disconnected"}}, 499)
         except asyncio.CancelledError: worker.cancel(job); raise
-        if job.finish_reason == "error": return JSONResponse({"error": {"message": job.error or "the request failed", "type": "server_error", "param": None, "code": None}}, 500)
+        if job.finish_reason == "error":
+            return JSONResponse({"error": {"message": job.error or "the request failed", "type": "server_error", "param": None, "code": None}},
+                                503 if worker.draining is not None else 500)
         choice = ({"index": 0, "message": {"role": "assistant", "content": job.text}, "finish_reason": job.finish_reason} if chat
                   else {"index": 0, "text": job.text, "finish_reason": job.finish_reason, "logprobs": None})
         return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created, "model": name, "choices": [choice], "usage": usage()}
@@ -286,22 +371,20 @@ def make_app(worker:EngineWorker, # the running engine worker
         body = await body_of(request)
         p = body.get("prompt")
         if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str): p = p[0]
-        if isinstance(p, str): ids = list(tok(p)["input_ids"]) if p else []
+        if isinstance(p, str): ids = list((await off_loop(lambda: tok(_utf8(p, "prompt"))["input_ids"], "prompt")) if p else [])
         elif isinstance(p, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in p): ids = p
         else: raise BadRequest("prompt must be a string (or one string in a list, or a list of token ids)", param="prompt")
         if any(not 0 <= i < eng.vocab_size for i in ids): raise BadRequest(f"prompt token ids must be in [0, {eng.vocab_size})", param="prompt")
-        return await run(body, ids, chat=False)
+        return await run(request, body, ids, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat(request:Request):
         body = await body_of(request)
-        msgs = body.get("messages")
-        if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in msgs):
-            raise BadRequest("messages must be a non-empty list of {role, content} objects with string content", param="messages")
+        msgs = chat_messages(body.get("messages"))
         if not getattr(tok, "chat_template", None): raise BadRequest(f"{name} has no chat template: use /v1/completions", param="messages")
-        ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        ids = await off_loop(lambda: tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True), "messages")
         ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
-        return await run(body, ids, chat=True)
+        return await run(request, body, ids, chat=True)
     return app
 
 # %% ../nbs/43_serve.ipynb #c884e47e
