@@ -2,7 +2,7 @@
 
 torch, MKL and oneDNN pick their CPU kernels at run time by instruction set, and each rounds differently; a
 test that holds only under one of them tests the machine, not the code. Here a child process runs with another
-instruction set than this one (AVX-512 -> AVX2; AVX2 or less -> the portable `default` kernels) and repeats
+instruction set than this one (AVX2 -> the portable `default` kernels; AVX-512, or a run forced to `default` -> AVX2) and repeats
 the comparisons of two numerically different paths on the bundled model, each judged by `hqkv.testing`'s
 near-tie rule: the quality harness's decode regime (bf16 pages against the bf16 oracle: the check that failed
 on an AVX-512 EPYC), the engine's bf16 pages against transformers' greedy tokens, and a batch against each
@@ -43,9 +43,9 @@ CHILD = textwrap.dedent('''
 def other_dispatch() -> dict:
     "Environment switches for torch, MKL and oneDNN kernels of another instruction set than this process's."
     import torch
-    if torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
-        return dict(ATEN_CPU_CAPABILITY="avx2", MKL_ENABLE_INSTRUCTIONS="AVX2", ONEDNN_MAX_CPU_ISA="AVX2")
-    return dict(ATEN_CPU_CAPABILITY="default", MKL_ENABLE_INSTRUCTIONS="SSE4_2", ONEDNN_MAX_CPU_ISA="SSE41")
+    cap = torch.backends.cpu.get_cpu_capability()          # AVX512*, AVX2 or DEFAULT (this run may itself have been forced)
+    if cap == "AVX2": return dict(ATEN_CPU_CAPABILITY="default", MKL_ENABLE_INSTRUCTIONS="SSE4_2", ONEDNN_MAX_CPU_ISA="SSE41")
+    return dict(ATEN_CPU_CAPABILITY="avx2", MKL_ENABLE_INSTRUCTIONS="AVX2", ONEDNN_MAX_CPU_ISA="AVX2")
 
 
 def test_rounding_sensitive_checks_under_a_second_dispatch():
