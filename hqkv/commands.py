@@ -307,6 +307,8 @@ def _serve_setup(p):
     p.add_argument("--max-waiting", type=int, default=64, help="requests that may wait for pages before the door answers 429 (default 64)")
     p.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens when a request gives none (default 256)")
     p.add_argument("--max-body-bytes", type=int, default=4 << 20, help="largest request body; a larger one is refused with 413 (default 4 MiB)")
+    p.add_argument("--allow-control-tokens", action="store_true", help="let control tokens (<bos>, <|im_end|>, ...) written in a prompt or a chat "
+                   "message act as such (default: plain text in a completion prompt, refused in chat content)")
     p.add_argument("--grace", type=float, default=30.0, help="on SIGTERM or Ctrl-C: seconds running requests get to finish before they end "
                    "with an error (default 30); new requests get 503 meanwhile")
 
@@ -323,7 +325,7 @@ def _serve_run(a) -> int:
     eng = _engine(cfg)
     print(eng.plan_line(), flush=True)
     worker = EngineWorker(eng, a.max_waiting)
-    server = uvicorn.Server(uvicorn.Config(make_app(worker, eng.lm.name, a.default_max_tokens, a.max_body_bytes), log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(make_app(worker, eng.lm.name, a.default_max_tokens, a.max_body_bytes, a.allow_control_tokens), log_level="warning"))
     http = threading.Thread(target=server.run, kwargs=dict(sockets=[sock]), name="hqkv-http", daemon=True)
     def drain(sig, _):                               # graceful: running requests finish (up to --grace), each one answered
         print(f"hqkv serve: {signal.Signals(sig).name}: draining (up to {a.grace:g} s)", flush=True); worker.drain(a.grace)

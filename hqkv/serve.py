@@ -238,6 +238,14 @@ def _utf8(s:str, what:str) -> str:
     except UnicodeEncodeError: raise BadRequest(f"{what} is not valid Unicode text: it holds a lone UTF-16 surrogate", param=what) from None
     return s
 
+def _no_control_tokens(msgs:list, tok):
+    "Refuse chat content that spells one of the tokenizer's control tokens (it would become one: a role marker from a user)."
+    special = sorted({t for t in getattr(tok, "all_special_tokens", []) + list(getattr(tok, "added_tokens_encoder", {}) or {}) if len(t) > 1}, key=len, reverse=True)
+    for i, m in enumerate(msgs):
+        hit = next((t for t in special if t in m["content"]), None)
+        if hit: raise BadRequest(f"messages[{i}].content contains the control token {hit!r}; the server refuses them in chat content "
+                                 "(hqkv serve --allow-control-tokens lets them through)", param="messages")
+
 def chat_messages(msgs) -> list:
     "OpenAI chat messages as the template takes them: known roles, content a string or a list of text parts (joined)."
     if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
@@ -275,7 +283,8 @@ PLAYGROUND_DIR = Path(str(files("hqkv"))) / "static"   # the Playground: playgro
 def make_app(worker:EngineWorker, # the running engine worker
              name:str, # the model name /v1/models reports
              default_max_tokens:int=256,
-             max_body_bytes:int=4 << 20): # a larger request body is refused (413) before it is read whole
+             max_body_bytes:int=4 << 20, # a larger request body is refused (413) before it is read whole
+             control_tokens:bool=False): # False: a completion prompt's control-token text is plain text, a chat message's is refused
     "The FastAPI app: OpenAI-compatible completions and chat, models, health and metrics over `worker`; the Playground at `/`."
     from fastapi import FastAPI
     from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse, PlainTextResponse
@@ -371,7 +380,7 @@ def make_app(worker:EngineWorker, # the running engine worker
         body = await body_of(request)
         p = body.get("prompt")
         if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str): p = p[0]
-        if isinstance(p, str): ids = list((await off_loop(lambda: tok(_utf8(p, "prompt"))["input_ids"], "prompt")) if p else [])
+        if isinstance(p, str): ids = list((await off_loop(lambda: tok(_utf8(p, "prompt"), split_special_tokens=not control_tokens)["input_ids"], "prompt")) if p else [])
         elif isinstance(p, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in p): ids = p
         else: raise BadRequest("prompt must be a string (or one string in a list, or a list of token ids)", param="prompt")
         if any(not 0 <= i < eng.vocab_size for i in ids): raise BadRequest(f"prompt token ids must be in [0, {eng.vocab_size})", param="prompt")
@@ -381,6 +390,7 @@ def make_app(worker:EngineWorker, # the running engine worker
     async def chat(request:Request):
         body = await body_of(request)
         msgs = chat_messages(body.get("messages"))
+        if not control_tokens: _no_control_tokens(msgs, tok)
         if not getattr(tok, "chat_template", None): raise BadRequest(f"{name} has no chat template: use /v1/completions", param="messages")
         ids = await off_loop(lambda: tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True), "messages")
         ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
