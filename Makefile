@@ -11,7 +11,7 @@ export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install demo test nbtest pytest check-clean docs readme docs-test chromium bench bench-serve bench-texts gpu-check vllm-check clean
+.PHONY: install demo test nbtest pytest check-clean docs readme docs-test screenshot chromium bench bench-serve bench-texts gpu-check vllm-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -47,6 +47,10 @@ docs: $(STAMP)
 
 readme: $(STAMP)
 	$(PY) docs/build.py readme
+
+## screenshot: the README's picture of the Playground (nbs/results/playground.png), taken by its browser test
+screenshot: $(STAMP) chromium
+	HQKV_PLAYGROUND_SHOT=$(CURDIR)/nbs/results/playground.png $(BIN)/pytest -q tests/test_playground.py
 
 docs-test: $(STAMP) chromium
 	$(BIN)/pytest -q tests/test_docs.py

@@ -2,7 +2,8 @@
 and stopped here) and headless Chromium (Debian's package, as the docs test uses) driven over the DevTools protocol
 through a websocket (`websocket-client`, nothing else installed). The page shows a 400 and a 429 as the server's messages,
 streams an answer, finds its own request's pages in the Monitor while it streams, and the pool's used pages rise and fall back.
-A screenshot taken while the second answer streams goes to nbs/results/playground.png (the README shows it)."""
+A screenshot taken while the second answer streams is saved with the test's results (its tmp_path); `make screenshot` writes
+it to nbs/results/playground.png, the README's (HQKV_PLAYGROUND_SHOT names the file), so a test run leaves the tree as it was."""
 import base64, json, os, shutil, socket, subprocess, sys, tempfile, threading, time
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,7 +14,6 @@ websocket = pytest.importorskip("websocket", reason="websocket-client (the dev e
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
-SHOT = ROOT / "nbs" / "results" / "playground.png"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed: apt-get install -y chromium "
                                 "(the Makefile's `chromium` target, a prerequisite of `make test`, installs it)")
@@ -161,6 +161,7 @@ def watch(dt: DevTools, answers: int, timeout: float, shot: Path|None = None) ->
 
 @pytest.mark.model
 def test_playground_in_chromium(tmp_path):
+    SHOT = Path(os.environ.get("HQKV_PLAYGROUND_SHOT") or tmp_path / "playground.png")
     from hqkv.models.load import fetch_model, ModelUnavailable
     try: fetch_model("smollm2-135m")
     except ModelUnavailable as e: pytest.skip(str(e))
