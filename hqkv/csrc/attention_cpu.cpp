@@ -17,8 +17,9 @@ static const int BLK = 64;                    // rows per block (and at most one
 
 struct Fmt {                                  // one side's format (keys or values)
     int64_t kind, D, block, block_bytes;      // block: values per scale (ggml 32, tbq block, e8 unused)
-    const float* tab;                         // e8: abs[256*8] then sign masks[128*8] then shift[2*8]; tbq: centroids[8 or 16]
+    const float* tab;                         // e8: |pattern|[256][8], then per low byte [256][16]: sign masks, signed shifts; tbq: centroids[8 or 16]
     uint8_t quarter[64];                      // e8: quarter of each group of 8
+    int64_t row_bytes;                        // bytes of a row (set by hqkv_cpu_decode)
 };
 
 struct Args {                                 // mirrored by hqkv.attention_cpu._Args (ctypes)
@@ -51,12 +52,11 @@ static void decode_row(const Fmt& f, const uint8_t* row, float* x) {
     case FMT_BF16: for (int64_t i = 0; i < D; ++i) x[i] = bf16f(ld16(row + 2 * i)); break;
     case FMT_E8: {
         float sc[4]; for (int k = 0; k < 4; ++k) sc[k] = bf16f(ld16(row + D / 4 + 2 * k));
-        const float* ab = f.tab; const uint32_t* sg = (const uint32_t*)(f.tab + 256 * 8); const float* sh = f.tab + 256 * 8 + 128 * 8;
         for (int64_t g = 0; g < D / 8; ++g) {
-            uint16_t c = ld16(row + 2 * g);
+            const uint8_t* cw = row + 2 * g; const float* t = f.tab + 2048 + 16 * cw[0];
             for (int j = 0; j < 8; ++j) {
-                uint32_t u; float a = ab[(c >> 8) * 8 + j]; memcpy(&u, &a, 4); u ^= sg[((c >> 1) & 127) * 8 + j];
-                float v; memcpy(&v, &u, 4); x[8 * g + j] = (v + sh[(c & 1) * 8 + j]) * sc[f.quarter[g]];
+                float a = f.tab[8 * cw[1] + j] + t[8 + j]; uint32_t u, m; memcpy(&u, &a, 4); memcpy(&m, t + j, 4); u ^= m;
+                float v; memcpy(&v, &u, 4); x[8 * g + j] = v * sc[f.quarter[g]];
             }
         }
         break; }
@@ -120,17 +120,16 @@ struct BF16 {                               // 8 bf16 -> 8 float: widen and shif
         return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
     }
 };
-struct E8 {                                 // |pattern| (coord 0 carries the pattern's parity as its sign) xor signs + shift, times the quarter scale
+struct E8 {                                 // (|pattern| + signed shift) xor signs, times the quarter scale (tables: hqkv.attention_cpu.e8_tables)
     struct R { const uint8_t* p; const float* sc; };   // sc: the row's 4 quarter scales as floats (see prep)
     static inline void prep(const uint8_t* base, int64_t stride, int n, const Fmt& f, float* sc) {
         for (int i = 0; i < n; ++i) { const uint8_t* sp = base + i * stride + f.D / 4; for (int k = 0; k < 4; ++k) sc[4 * i + k] = bf16f(ld16(sp + 2 * k)); }
     }
     static inline R row(const uint8_t* p, const Fmt&, const float* sc, int i) { return R{p, sc + 4 * i}; }
     static inline __m256 load8(const R& r, int c, const Fmt& f) {
-        uint32_t code = ld16(r.p + 2 * c);
-        __m256 a = _mm256_load_ps(f.tab + (code >> 8) * 8);
-        __m256 sg = _mm256_load_ps(f.tab + 2048 + ((code >> 1) & 127) * 8);
-        __m256 v = _mm256_add_ps(_mm256_xor_ps(a, sg), _mm256_load_ps(f.tab + 3072 + (code & 1) * 8));
+        const uint8_t* cw = r.p + 2 * c;                              // low byte: sign bits and shift, high byte: pattern
+        const float* t = f.tab + 2048 + 16 * cw[0];
+        __m256 v = _mm256_xor_ps(_mm256_add_ps(_mm256_load_ps(f.tab + 8 * cw[1]), _mm256_load_ps(t + 8)), _mm256_load_ps(t));
         return _mm256_mul_ps(v, _mm256_broadcast_ss(r.sc + f.quarter[c]));
     }
 };
@@ -176,6 +175,11 @@ template<int BITS> struct TBQ {             // 8 packed indices -> centroids by 
     }
 };
 
+static const int AHEAD = 8;                  // rows prefetched ahead inside a block: with 8 query heads a row is ~100 instructions, too few rows in flight to hide DRAM latency
+static inline void prefetch_rows(const uint8_t* base, int64_t stride, int64_t rb, int from, int to) {
+    if (rb < 128) return;                     // short coded rows: measured slower with it (the hardware prefetchers keep up)
+    for (int r = from; r < to; ++r) for (int64_t o = 0; o < rb; o += 64) _mm_prefetch((const char*)(base + r * stride + o), _MM_HINT_T0);
+}
 static inline __m256 hsum8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6, __m256 a7) {
     __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
     __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
@@ -193,7 +197,9 @@ template<class F, int G> static void score(const Fmt& f, const uint8_t* base, in
     const int C = (int)(f.D / 8);
     F::prep(base, stride, n, f, sc);
     int i = 0;
+    prefetch_rows(base, stride, f.row_bytes, 0, std::min(n, AHEAD));
     for (; i + RB <= n; i += RB) {
+        prefetch_rows(base, stride, f.row_bytes, std::min(n, i + AHEAD), std::min(n, i + AHEAD + RB));
         __m256 acc[8];
         for (int k = 0; k < 8; ++k) acc[k] = _mm256_setzero_ps();
         typename F::R rr[RB];
@@ -224,10 +230,12 @@ template<class F, int G> static void accum(const Fmt& f, const uint8_t* base, in
     const int C = (int)(f.D / 8);
     F::prep(base, stride, n, f, sc);
     int c0 = 0;
+    prefetch_rows(base, stride, f.row_bytes, 0, std::min(n, AHEAD));
     for (; c0 + CB <= C; c0 += CB) {
         __m256 a[G][CB];
         for (int g = 0; g < G; ++g) for (int k = 0; k < CB; ++k) a[g][k] = _mm256_loadu_ps(acc + g * f.D + 8 * (c0 + k));
         for (int i = 0; i < n; ++i) {
+            if (c0 == 0) prefetch_rows(base, stride, f.row_bytes, std::min(n, i + AHEAD), std::min(n, i + AHEAD + 1));
             typename F::R r = F::row(base + i * stride, f, sc, i);
             __m256 w[G];
             for (int g = 0; g < G; ++g) w[g] = _mm256_broadcast_ss(p + g * BLK + i);
@@ -339,10 +347,10 @@ static Blk next_block(const Args& a, const Fmt* wf, int64_t b, int64_t p, int64_
 }
 
 // positions [p0, p1) of sequence b for every KV head: a block's rows of all heads are contiguous, so heads are the inner loop
-// (software prefetch of the next block was measured: no gain over the hardware prefetchers)
+// (the kernels prefetch a few rows ahead of the one they read)
 static void item(const Args& a, Ctx& cx, int64_t b, int64_t p0, int64_t p1, float* w) {
     const int64_t H = a.H, D = a.D, G = a.Gp, W = G * (D + 2);
-    Fmt wf = {FMT_BF16, D, 0, 0, nullptr, {0}};
+    Fmt wf = {FMT_BF16, D, 0, 0, nullptr, {0}, 2 * D};
     for (int64_t h = 0; h < H; ++h) {
         float* wh = w + h * W;
         for (int64_t g = 0; g < G; ++g) { wh[g] = -INFINITY; wh[G + g] = 0; }
@@ -364,6 +372,8 @@ static void item(const Args& a, Ctx& cx, int64_t b, int64_t p0, int64_t p1, floa
 extern "C" int hqkv_cpu_decode(const Args* ap, float* work) {   // work: [items, H, Gp, D + 2] floats
     Args a = *ap;
     if (g_isa < 0) hqkv_cpu_isa(-1);
+    Fmt kf = *a.kf, vf = *a.vf;
+    kf.row_bytes = a.k_row_bytes; vf.row_bytes = a.v_row_bytes; a.kf = &kf; a.vf = &vf;
     auto rows_for = [&](int64_t bytes) { return std::max<int64_t>(8, std::min<int64_t>(BLK, (131072 / (a.H * bytes)) & ~7)); };
     a.block_rows = rows_for(a.k_row_bytes + a.v_row_bytes); a.window_block_rows = rows_for(4 * a.D);   // window rows are bf16
     const int64_t H = a.H, G = a.Gp, D = a.D, W = G * (D + 2);
