@@ -404,6 +404,7 @@ extern "C" int hqkv_cpu_decode(const Args* ap, float* work) {   // work: [items,
                     float e = expf(w[g] - M); Lsum += e * w[G + g];
                     for (int64_t d = 0; d < D; ++d) o[g * D + d] += e * w[2 * G + g * D + d];
                 }
+                if (Lsum == 0) { if (a.lse) a.lse[bh * G + g] = -INFINITY; continue; }   // an empty sequence (a prefill with no prefix): o = 0
                 float inv = 1.0f / Lsum;
                 for (int64_t d = 0; d < D; ++d) o[g * D + d] *= inv;
                 if (a.lse) a.lse[bh * G + g] = M + logf(Lsum);
