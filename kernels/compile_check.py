@@ -304,7 +304,12 @@ def main(argv=None):
     ap.add_argument("--json", default=None, help="write every row here (default with no slice: nbs/results/kernel_resources.json)")
     ap.add_argument("--md", default=None, help="write the table here (default with no slice: kernels/resources.md's generated part)")
     ap.add_argument("--label", default="", help="a name for this run in the JSON (e.g. before/after)")
+    ap.add_argument("--render", action="store_true", help="only rewrite kernels/resources.md from nbs/results/kernel_resources.json (no compiling)")
     a = ap.parse_args(argv)
+    if a.render:
+        out = json.load(open("nbs/results/kernel_resources.json"))
+        write_md("kernels/resources.md", table_md(out["summary"]), out)
+        return 0
     archs = a.arch or [80, 90]
     sliced = bool(a.kernel or a.head_dim or a.format or a.arch or a.quick or a.groups or a.blocks or a.window or a.path)
     cfgs = configs(a.quick, a.kernel, a.head_dim, a.format, a.groups, a.blocks,
@@ -322,8 +327,6 @@ def main(argv=None):
                 seen.add(key)
                 if key not in cache:
                     cache[key] = compile_one(*spec)
-                    if arch == 100 and cache[key].error and "ptxas" in cache[key].error.lower() and len(cache) == 1:
-                        print(f"sm_100: the bundled ptxas cannot compile it ({cache[key].error}); skipped", file=sys.stderr)
                 r = cache[key]
                 ps = problems(r, a.strict)
                 u = seen_by.setdefault(key, dict(paths=set(), fmt=cfg.fmt, head_dims=set(), groups=set(), windows=set(), pages=set(), configurations=0))
@@ -344,7 +347,7 @@ def main(argv=None):
                archs=archs, limits={str(k): v for k, v in ARCHS.items() if k in archs}, summary=summary, compiled=compiled)
     js = a.json or (None if sliced else "nbs/results/kernel_resources.json")
     if js:
-        with open(js, "w") as f: json.dump(out, f, indent=1, default=str)
+        with open(js, "w") as f: json.dump(out, f, default=str)
     md = table_md(summary)
     if a.md or not sliced:
         write_md(a.md or "kernels/resources.md", md, out)
@@ -381,13 +384,14 @@ def compare_md(before:dict, after:dict) -> str:
         a = max((p[1] for p in ps), key=lambda r: (r["shared"], r["spill_stores"]))
         lines.append(f"| {kern} | {fmt} | {D} | sm_{arch} | {cell(b)} | {cell(a)} | {a['blocks_per_sm']} |")
     cfgs = sorted({p[0]["config"].split(" ", 1)[0] + " " + p[0]["config"].split(" D=")[1].split(" ", 1)[1] for ps in pairs.values() for p in ps})
-    return (f"Before (the kernels at {before.get('label') or 'the start'}) and after, on the configurations the before run compiled "
+    return (f"Before (the kernels at {before.get('label') or 'the start'}, `{BEFORE}`) and after, on the configurations the before run compiled "
             f"({', '.join(cfgs)}); **x**: cannot launch.\n\n" + "\n".join(lines) + "\n")
 
 def write_md(path, table, out):
     "Replace the generated part of `path` (between the markers) with this run's table, keeping the prose around it."
     body = (f"{MD_START}\n`make kernel-check` on Triton {out['triton']}: {out['configurations']} configurations x "
-            f"{len(out['archs'])} archs, {out['compiles']} distinct compiles in {out['seconds']:.0f} s on one core. "
+            f"{len(out['archs'])} archs, {out['compiles']} distinct compiles in {out['seconds']:.0f} s wall-clock (one process, on a "
+            f"machine of 2 cores shared with other jobs). "
             f"One row per (kernel, format, head dim, arch): the worst over GQA groups 1-8, window on/off, the engine's "
             f"pages and vLLM's block sizes; every configuration is in `nbs/results/kernel_resources.json`.\n\n{table}")
     if os.path.exists(BEFORE):

@@ -84,7 +84,7 @@ def main():
                     for f in fmts: rows.append(predict_decode(gpu, f, D, HQ, HKV, ctx, B, *win))
     os.makedirs("nbs/results", exist_ok=True)
     json.dump(dict(model=__doc__.splitlines()[1], launch_us=LAUNCH_US, e8_ops_per_value=E8_OPS_PER_VALUE, gpus=GPUS, rows=rows),
-              open("nbs/results/kernel_roofline.json", "w"), indent=1)
+              open("nbs/results/kernel_roofline.json", "w"))
     lines = ["# Decode attention: a roofline model (predictions, not measurements)", "",
              f"{__doc__.strip().splitlines()[2].strip()} ... (see `kernels/roofline.py`). Geometry: {HQ} query heads, {HKV} KV heads x {D} "
              f"(Qwen3.5-27B), one attention layer, pages of 64; window 32 + 512 exact rows or none. Predicted microseconds per call; "
