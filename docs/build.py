@@ -38,7 +38,7 @@ SITE = ROOT / "_site"
 
 # Nav sections by the notebook number's first digit (DESIGN.md section 2's layers).
 SECTIONS = {"0": "Foundations", "1": "Codecs", "2": "Pool", "3": "Attention and kernels",
-            "4": "Model and engine", "5": "Quality and measurements", "6": "Monitor"}
+            "4": "Model and engine", "5": "Quality and measurements", "6": "Monitor", "7": "Integrations (transformers, vLLM)"}
 ASSET_SUFFIXES = {".png", ".jpg", ".jpeg", ".gif", ".svg", ".csv", ".json", ".txt"}
 _re_num = re.compile(r"^(\d+)[a-z]?_")
 _re_directive = re.compile(r"^\s*#\s*\|\s*([\w-]+)\s*(?::\s*(.*?))?\s*$")
@@ -50,6 +50,12 @@ def doc_notebooks(nbs: Path = NBS) -> list[Path]:
     index = [p for p in nbs_ if p.name == "index.ipynb"]
     numbered = [p for p in nbs_ if _re_num.match(p.name)]
     return index + numbered
+
+
+def _section(nb_name: str, digit: str) -> str:
+    "The nav section of a numbered notebook; a number with no named section is an error, not a 'Part N'."
+    if digit not in SECTIONS: raise SystemExit(f"docs: {nb_name}: no nav section for notebooks numbered {digit}x; name one in SECTIONS ({sorted(SECTIONS)})")
+    return SECTIONS[digit]
 
 
 def page_name(nb_name: str) -> str:
@@ -214,7 +220,7 @@ def stage(notebooks: list[Path], proc_dir: Path = PROC, out: Path = STAGE) -> li
         (src_dir / f"{name}.ipynb").write_text(json.dumps(nb, indent=1, ensure_ascii=False), encoding="utf-8")
         m = _re_num.match(nbp.name)
         pages.append(dict(file=f"{name}.ipynb", title=fm.get("title") or name,
-                          section=None if m is None else SECTIONS.get(m.group(1)[0], f"Part {m.group(1)[0]}")))
+                          section=None if m is None else _section(nbp.name, m.group(1)[0])))
     for f in NBS.rglob("*"):                                    # images/tables the notebooks link to
         rel = f.relative_to(NBS)
         if f.is_file() and f.suffix.lower() in ASSET_SUFFIXES and not any(p.startswith((".", "_")) for p in rel.parts):
