@@ -93,7 +93,7 @@ gpu-check:
 	PYTHONPATH=. TRITON_INTERPRET=0 $(GPU_PY) kernels/bench_attention.py --out kernels/results.md
 
 ## kernel-check: every launch the engine and the vLLM plugin make with the Triton kernels, compiled ahead of time for
-## sm_80, sm_90 and sm_100 (no GPU needed; kernels/compile_check.py): registers, spills, shared memory, occupancy ->
+## sm_80 and sm_90 (no GPU needed; kernels/compile_check.py; --arch 80 90 100 adds sm_100): registers, spills, shared memory, occupancy ->
 ## kernels/resources.md + nbs/results/kernel_resources.json; fails naming any configuration that cannot launch
 kernel-check: $(STAMP)
 	TRITON_INTERPRET=0 $(PY) kernels/compile_check.py
