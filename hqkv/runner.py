@@ -373,13 +373,21 @@ def _triton_backend() -> PagedAttn:
         kernel_format(pool.codec)   # a format the kernels do not read: ValueError naming those they do
     return PagedAttn("triton", decode, prefill, store, check, chunk_arg=True, defers_codes=False)   # the store kernel codes rows as they come
 
-ATTN_BACKENDS = ("gather", "ref", "triton")   # see the table above
+def _cpu_backend() -> PagedAttn:
+    "The CPU kernels that read pages in place (`hqkv.attention_cpu`: built with g++ on first use; a missing compiler is a named error)."
+    from hqkv.attention_cpu import paged_decode_cpu, paged_prefill_cpu, cpu_format
+    def check(pool):
+        for li in range(pool.geometry.attn_layers): cpu_format(pool.k_codec(li)); cpu_format(pool.v_codec(li))
+    return PagedAttn("cpu", paged_decode_cpu, paged_prefill_cpu, check=check)
+
+ATTN_BACKENDS = ("gather", "ref", "triton", "cpu")   # see the table above
 
 def get_backend(name:str) -> AttnBackend:
     "The attention backend called `name` (engine.attn)."
     if name == "gather": return GatherAttn()
     if name == "ref": return PagedAttn("ref", paged_decode, paged_prefill)
     if name == "triton": return _triton_backend()
+    if name == "cpu": return _cpu_backend()
     raise ValueError(f"unknown attention backend {name!r}; choose one of {', '.join(ATTN_BACKENDS)}")
 
 def default_backend(pool:KVPool) -> str:
