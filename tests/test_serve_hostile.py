@@ -6,13 +6,7 @@ import pytest
 
 openai = pytest.importorskip("openai")
 import httpx
-from test_serve import start, stop, metrics
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from hqkv.models.load import write_tiny_model
-    return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")
+from test_serve import start, stop, metrics, tiny   # tiny: test_serve's fixture, the tiny Llama written once per module
 
 
 @pytest.fixture(scope="module")
