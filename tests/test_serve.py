@@ -80,9 +80,11 @@ def test_completion_chat_stream_and_stop(server):
 def test_400_and_429(server):
     base, _ = server
     c = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0)
-    with pytest.raises(openai.BadRequestError, match="exceeds the context of 512 tokens"):
+    with pytest.raises(openai.BadRequestError, match="the prompt of 600 tokens does not fit the context of 512 tokens"):
         c.completions.create(model="tiny-llama", prompt="the " * 600, max_tokens=4)
-    with pytest.raises(openai.BadRequestError, match="n must be 1"):
+    with pytest.raises(openai.BadRequestError, match="exceeds the context of 512 tokens"):
+        c.completions.create(model="tiny-llama", prompt="the " * 100, max_tokens=500)
+    with pytest.raises(openai.BadRequestError, match="n=2 is not supported"):
         c.completions.create(model="tiny-llama", prompt="the", n=2)
     # three long streams against a door of two waiting: at least one is told to come back later
     results = []
@@ -172,7 +174,7 @@ def test_64_concurrent_with_disconnects(tiny):
         from hqkv.models.load import load_causal_lm
         eng = Engine(model=load_causal_lm(tiny), kv_format="hq-e8-2b", kv_pool_bytes="16Ktok", max_context=512, prefill_chunk=128, key_profile="off")
         ids = lambda text: eng.tokenizer(text, add_special_tokens=False)["input_ids"]
-        for i in alone:                                       # alone and under load: the engine's greedy tokens up to its near-ties
+        for i in (i for i in alone if got[i] != alone[i]):     # where load changed the text: the engine's greedy tokens up to its near-ties
             ref = eng.generate(prompts[i], 24, SamplingParams(top_logits=8))
             want = ref.output_ids + ([2] if ref.finish_reason == "stop" else [])            # 2: the tiny model's </s>
             for what, text in (("alone", alone[i]), ("under load", got[i])):
