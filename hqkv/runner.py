@@ -408,7 +408,7 @@ class PagedKV:
                  layers:tuple|None=None,    # model layer index of each pool layer (default: the geometry's attn_layer_ids)
                  attn:str|None=None,        # 'gather', 'ref' or 'triton' (see the table); default: `default_backend(pool)`
                  lanes:int=8,               # sequence lanes allocated up front (doubled when they run out)
-                 key_profile=None,          # a `hqkv.calibrate.KeyProfile`: keys stored as (k - mu) / sigma, queries times sigma
+                 key_profile=None,          # a `hqkv.keyprofile.KeyProfile`: keys stored as (k - mu) / sigma, queries times sigma
                  defer_codes:bool=True,     # code decode rows a page at a time from the window (when it holds a page; not with Triton)
                  decode_reads:bool=False):  # prefill chunks read keys as decode steps would (the quality harness's decode regime); 'gather' only
         if not isinstance(pool, KVPool): raise TypeError(f"pool must be a KVPool, got {type(pool).__name__}")

@@ -13,7 +13,7 @@ from .codec import codec_class
 from .sizing import parse_budget, key_format_items
 from .runner import ATTN_BACKENDS
 from .scheduler import POLICIES
-from .calibrate import DEFAULT_MODEL
+from .models.identity import DEFAULT_MODEL
 
 # %% auto #0
 __all__ = ['SETTINGS', 'SETTING', 'EngineConfig', 'Setting', 'env_name', 'settings_table', 'add_settings', 'settings_flags',

@@ -282,7 +282,7 @@ def layer_index(layer_name:str) -> int:
     if m is None: raise ValueError(f"hqkv vllm: cannot find a layer number in {layer_name!r}")
     return int(m.group(1))
 
-def shard_profile(profile, # a `hqkv.calibrate.KeyProfile` over all KV heads
+def shard_profile(profile, # a `hqkv.keyprofile.KeyProfile` over all KV heads
                   rank:int, world:int) -> object: # the profile of this tensor-parallel rank's KV heads
     "The profile slice of one tensor-parallel rank (KV heads are split evenly and in order; replicated when fewer heads than ranks)."
     H = profile.kv_heads
@@ -300,7 +300,7 @@ _SLIDING_BLOCK: dict = {}   # (full format, sliding format, head_dim) -> the sli
 def _profile_for(settings:VLLMSettings):
     "The key profile of this process's tensor-parallel rank, or None."
     if settings.key_profile is None: return None
-    from hqkv.calibrate import KeyProfile
+    from hqkv.keyprofile import KeyProfile
     prof = KeyProfile.load(settings.key_profile)
     try:
         from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size

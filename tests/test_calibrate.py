@@ -19,7 +19,7 @@ def test_calibrate_bad_input_exit_code():
 
 
 def test_default_profile_is_light_and_matches():
-    code = ("import sys; from hqkv.calibrate import default_profile, model_identity; p = default_profile(); "
+    code = ("import sys; from hqkv.keyprofile import default_profile; from hqkv.models.identity import model_identity; p = default_profile(); "
             "assert p.mu.shape == (3, 1, 256) and p.layers == (5, 11, 17), (p.mu.shape, p.layers); "
             "heavy = [m for m in ('transformers', 'sentencepiece') if m in sys.modules]; assert not heavy, heavy; "
             "from hqkv.models.gemma3 import Gemma3Config\n"
@@ -39,7 +39,7 @@ def test_runner_profile_end_to_end():
     from hqkv.fixtures import load_text
     from hqkv.pool import KVPool
     from hqkv.runner import PagedKV
-    from hqkv.calibrate import default_profile, model_identity
+    from hqkv.keyprofile import default_profile; from hqkv.models.identity import model_identity
     m = load_gemma3()
     dp = default_profile()
     dp.check_matches(model_identity(m))
@@ -84,7 +84,7 @@ def test_calibrate_out_is_checked_before_the_model_loads(tmp_path):
 
 def test_damaged_profile_file_is_named(tmp_path):
     import json as _json, pytest as _pytest, torch
-    from hqkv.calibrate import KeyProfile, default_profile
+    from hqkv.keyprofile import KeyProfile, default_profile
     p = tmp_path / "p.pt"
     default_profile().save(p)
     b = torch.load(p, weights_only=True)

@@ -26,7 +26,7 @@ CHILD = textwrap.dedent('''
     print("quality: kld", s["kld"], "top-1 flips at near-ties", flips, flush=True)
     from hqkv.engine import Engine
     from hqkv.models.load import load_causal_lm
-    from hqkv.calibrate import DEFAULT_MODEL
+    from hqkv.models.identity import DEFAULT_MODEL
     hf = load_causal_lm(DEFAULT_MODEL).model
     eng = Engine(kv_format="bf16", kv_pool_bytes="4Ktok", max_context=512, prefill_chunk=64, max_batch=8)
     prompts = [eng.encode(t) for t in ("The capital of France is", "Once upon a time", "Q: What is 2+2?\\nA:", "def fibonacci(n):")]

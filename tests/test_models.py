@@ -66,7 +66,7 @@ def test_real_smollm2_calibrate_and_eval(tmp_path):
     from hqkv.models.load import fetch_model, ModelUnavailable
     try: fetch_model("smollm2-135m")
     except ModelUnavailable as e: pytest.skip(str(e))
-    from hqkv.calibrate import CALIB_TEXT
+    from hqkv.keyprofile import CALIB_TEXT
     r = run(["calibrate", "--model", "smollm2-135m", "--text-file", str(CALIB_TEXT), "--tokens", "1024", "--json"], tmp_path)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["layers"] == list(range(30))

