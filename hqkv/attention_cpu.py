@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 from .codec import Codec
+from .models.identity import cache_dir
 from .attention import ExactWindow, _pair, _check_pages, _check_q, _check_table, _check_int, _check_window
 
 # %% auto #0
@@ -23,10 +24,8 @@ SOURCE = "csrc/attention_cpu.cpp"                       # package data of hqkv
 FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp")
 
 def build_dir() -> Path:
-    "Where built kernels are kept: $HQKV_CACHE_DIR, else $XDG_CACHE_HOME/hqkv, else ~/.cache/hqkv (as `models.load.cache_dir`), under cpu_ext/."
-    if os.environ.get("HQKV_CACHE_DIR"): base = Path(os.environ["HQKV_CACHE_DIR"]).expanduser()
-    else: base = (Path(os.environ["XDG_CACHE_HOME"]).expanduser() if os.environ.get("XDG_CACHE_HOME") else Path.home() / ".cache") / "hqkv"
-    return base / "cpu_ext"
+    "Where built kernels are kept: hqkv's cache directory (`hqkv.models.identity.cache_dir`), under cpu_ext/."
+    return cache_dir() / "cpu_ext"
 
 # %% ../nbs/34_attention.cpu.ipynb #09180f72
 def build(force:bool=False) -> Path: # the shared library

@@ -114,7 +114,8 @@ def calibrate_hf(model, # a transformers causal LM (`LoadedLM.model`, or one you
     "Measure a key profile for every full-attention layer of a transformers model, chunk by chunk."
     from transformers import AttentionInterface, DynamicCache
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-    from hqkv.models.identity import hf_identity, text_config; from hqkv.models.load import geometry_of
+    from hqkv.models.identity import hf_identity, text_config
+    from hqkv.models.load import geometry_of
     identity = ModelIdentity(**dataclasses.asdict(hf_identity(model))) if identity is None else identity   # (this module's class)
     if not isinstance(identity, ModelIdentity): raise TypeError(f"identity must be a ModelIdentity, got {type(identity).__name__}")
     ids = torch.as_tensor(token_ids).reshape(-1)

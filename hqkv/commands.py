@@ -218,7 +218,9 @@ def _first_tokens(ids:list, n:int|None, limit:int, what:str) -> list:
 
 def _calibrate_profile(args, model_path:str, text:str, tf:Path):
     "The model as the quality harness drives it (`Gemma3` or `HFModel`), its identity, and its key profile: measured on the text, or (--plan-only) the one it has."
-    from hqkv.models.identity import DEFAULT_MODEL, model_identity; from hqkv.calibrate import calibrate, calibrate_hf; from hqkv.keyprofile import find_profile, KeyProfile
+    from hqkv.models.identity import DEFAULT_MODEL, model_identity
+    from hqkv.calibrate import calibrate, calibrate_hf
+    from hqkv.keyprofile import find_profile, KeyProfile
     if model_path == DEFAULT_MODEL:
         from hqkv.models.gemma3 import load_gemma3
         model = load_gemma3(torch.float32); ident = model_identity(model, DEFAULT_MODEL)
@@ -262,7 +264,8 @@ def _check_out(out:Path, force:bool):
         except ValueError: raise ValueError(f"--out {out} exists and is not a key profile: refusing to overwrite it (use --force)") from None
 
 def _calibrate_run(args) -> int:
-    from hqkv.calibrate import calibrate_report; from hqkv.keyprofile import profile_path
+    from hqkv.calibrate import calibrate_report
+    from hqkv.keyprofile import profile_path
     tf = Path(args.text_file)
     if not tf.is_file(): raise ValueError(f"text file {tf} does not exist")
     if args.tokens is not None and args.tokens < 3: raise ValueError(f"--tokens must be >= 3, got {args.tokens}")

@@ -16,7 +16,8 @@ from .codec import codec_class, asked_codec_opts
 from fastcore.basics import patch
 from .pool import KVPool
 from .sizing import parse_budget, plan, key_format_items
-from .runner import PagedKV, ATTN_BACKENDS
+from .pagedkv import PagedKV
+from .backends import ATTN_BACKENDS
 from .model_runner import ModelRunner
 from .scheduler import Scheduler, Request, Work, POLICIES
 from .models.identity import DEFAULT_MODEL, text_config

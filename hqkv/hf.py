@@ -105,8 +105,9 @@ def attend(self:SeqKV, q:Tensor, # [C, Hq, D]: a chunk's queries (original domai
 @patch
 def attend_as_decode(self:SeqKV, q:Tensor, k:Tensor, v:Tensor, # as `attend`
                      scale:float)->Tensor: # [C, Hq, D] in q's dtype
-    "Store the chunk, and attend as decode steps would read it: each query reads keys older than its own window from the codes (`hqkv.runner.decode_reads`)."
-    from hqkv.runner import decode_span, decode_reads, gqa_attention
+    "Store the chunk, and attend as decode steps would read it: each query reads keys older than its own window from the codes (`hqkv.window.decode_reads`)."
+    from hqkv.window import decode_span, decode_reads
+    from hqkv.backends import gqa_attention
     P, n, R = self.n, q.shape[0], self.window.recent
     kp, vp = self.decoded()                        # the prefix as the chunk's prefill reads it
     self.append(k, v)

@@ -8,7 +8,8 @@ Docs: https://hqkv.github.io/hqkv/model_runner.html.md"""
 from __future__ import annotations
 import torch
 from torch import Tensor, nn
-from .runner import PagedKV, StepPlan, gqa_attention
+from .pagedkv import PagedKV
+from .backends import StepPlan, gqa_attention
 from .models.identity import text_config
 from .models.load import LoadedLM, head_dim_of
 

@@ -165,7 +165,7 @@ def kv_state(model, # a `Gemma3`, or an `HFModel`
     if variant.key_profile and profile is None: raise ValueError(f"{variant.name} needs a key profile")
     if isinstance(model, HFModel): return model.state(variant, profile)
     from hqkv.pool import KVPool
-    from hqkv.runner import PagedKV
+    from hqkv.pagedkv import PagedKV
     g = get_geometry(GEOMETRY)
     if tuple(g.attn_layer_ids) != tuple(model.cfg.global_layers): raise ValueError(f"the model's global layers {model.cfg.global_layers} are not {g.name}'s {g.attn_layer_ids}")
     fmts = {variant.kv_format, *(f for _, f in variant.key_formats + variant.value_formats)}

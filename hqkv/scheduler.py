@@ -57,7 +57,7 @@ POLICIES = ("decode-first", "prefill-first")
 
 class Scheduler:
     "The waiting queue and the running batch: admission (whole bound reserved), a prefill budget per step, a stated policy."
-    def __init__(self, kv, # what admits and releases sequences: a `hqkv.runner.PagedKV` (admit / release), or anything with both
+    def __init__(self, kv, # what admits and releases sequences: a `hqkv.pagedkv.PagedKV` (admit / release), or anything with both
                  max_batch:int=8, # engine.max_batch: requests running at once
                  prefill_chunk:int=1024, # engine.prefill_chunk: where prompts are cut (a chunk is at most this many tokens)
                  policy:str="decode-first",

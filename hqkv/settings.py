@@ -11,7 +11,7 @@ from typing import Mapping
 import torch
 from .codec import codec_class
 from .sizing import parse_budget, key_format_items
-from .runner import ATTN_BACKENDS
+from .backends import ATTN_BACKENDS
 from .scheduler import POLICIES
 from .models.identity import DEFAULT_MODEL
 

@@ -38,7 +38,7 @@ def test_runner_profile_end_to_end():
     from hqkv.models.gemma3 import load_gemma3
     from hqkv.fixtures import load_text
     from hqkv.pool import KVPool
-    from hqkv.runner import PagedKV
+    from hqkv.pagedkv import PagedKV
     from hqkv.keyprofile import default_profile; from hqkv.models.identity import model_identity
     m = load_gemma3()
     dp = default_profile()

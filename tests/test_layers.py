@@ -15,9 +15,10 @@ LAYERS = [  # lowest first; a module may import any module of a lower layer
     ["keyprofile"],                     # the profile type, its files, which one a cache uses
     ["models.load"],                    # any transformers causal LM, its geometry
     ["attention"],                      # attention over pages: the reference, its checks
-    ["kernels", "attention_cpu"],       # the Triton and the CPU kernels
+    ["kernels", "attention_cpu", "window"],   # the Triton and the CPU kernels; the exact window row by row
     ["pool"],                           # pages in bytes
-    ["runner", "scheduler"],            # per-step KV manager and backends; admission
+    ["backends", "scheduler"],          # attention backends behind one protocol; admission
+    ["pagedkv"],                        # the per-step KV manager
     ["hf", "model_runner"],             # transformers' cache and attention hooks
     ["quality"],                        # KLD, needles, the variants
     ["calibrate"],                      # measuring profiles and row sensitivities
