@@ -35,7 +35,7 @@ nbtest: $(STAMP)
 	$(BIN)/nbdev-test --n-workers 2 --timing
 
 pytest: $(STAMP)
-	$(BIN)/pytest -q --durations=15
+	$(BIN)/pytest -q -n 2 --dist loadfile --durations=15
 
 ## chromium: Debian's headless browser for the docs test (root on CI and here)
 chromium:
@@ -60,7 +60,7 @@ docs-test: $(STAMP) chromium
 test: $(STAMP) chromium
 	bash .ci/check-clean $(BIN)
 	$(BIN)/nbdev-test --n-workers 2 --timing
-	$(BIN)/pytest -q --durations=15
+	$(BIN)/pytest -q -n 2 --dist loadfile --durations=15
 
 ## bench-texts: the full evaluation texts (Debian's bible-kjv and python3.11-doc; the tests use shipped excerpts)
 bench-texts:

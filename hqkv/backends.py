@@ -8,6 +8,7 @@ Docs: https://hqkv.github.io/hqkv/backends.html.md"""
 from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
+import warnings
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -19,7 +20,8 @@ from .window import window_put, window_into, decode_span, decode_reads
 
 # %% auto #0
 __all__ = ['ATTN_BACKENDS', 'StepPlan', 'AttnBackend', 'encode_store', 'gqa_attention', 'GatherDecode', 'GatherPlan',
-           'gqa_padded', 'GatherAttn', 'page_rows_decoded', 'PagedPlan', 'PagedAttn', 'get_backend', 'default_backend']
+           'gqa_padded', 'GatherAttn', 'page_rows_decoded', 'PagedPlan', 'PagedAttn', 'get_backend', 'cpu_kernels_read',
+           'default_backend']
 
 # %% ../nbs/36_backends.ipynb #e9dde35e
 @dataclass(slots=True, eq=False)
@@ -334,9 +336,31 @@ def get_backend(name:str) -> AttnBackend:
     if name == "cpu": return _cpu_backend()
     raise ValueError(f"unknown attention backend {name!r}; choose one of {', '.join(ATTN_BACKENDS)}")
 
-def default_backend(pool:KVPool) -> str:
-    "The attention backend `PagedKV` uses when none is named: Triton kernels on CUDA for the one-format pools they read, else `gather`."
+_CPU_WARNED = []   # the reason the CPU kernels cannot run here, once warned
+
+def cpu_kernels_read(pool:KVPool) -> bool:
+    "Whether the `cpu` backend can read every layer of `pool` on this machine: formats the kernels read, and kernels that build (a C++ compiler)."
+    from hqkv.attention_cpu import cpu_format, lib
+    try:
+        for li in range(pool.geometry.attn_layers): cpu_format(pool.k_codec(li)); cpu_format(pool.v_codec(li))
+    except ValueError: return False                 # a format the kernels do not read (fp8-e4m3): gather reads it
+    try: lib()
+    except (RuntimeError, OSError) as e:
+        if not _CPU_WARNED:
+            _CPU_WARNED.append(str(e))
+            warnings.warn(f"hqkv: the CPU attention kernels cannot run here ({e}); attention runs on the 'gather' backend, which copies "
+                          "every prefix row each step (slower at long context). Install g++ to get them, or set engine.attn='gather' to silence this.",
+                          UserWarning, stacklevel=3)
+        return False
+    return True
+
+def default_backend(pool:KVPool, # the pool the backend reads
+                    softcap:bool=False, # the model soft-caps attention logits (Gemma 2): only `gather` does
+                   ) -> str:
+    "The attention backend used when none is named: on CUDA the Triton kernels for the one-format pools they read; on CPU the CPU kernels for the formats they read; else `gather`."
+    if softcap: return "gather"
     if pool.device.type == "cuda" and not pool.mixed:
         from hqkv.kernels import KERNEL_FORMATS
         if pool.kv_format in KERNEL_FORMATS: return "triton"
+    if pool.device.type == "cpu" and cpu_kernels_read(pool): return "cpu"
     return "gather"

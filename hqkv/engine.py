@@ -17,7 +17,7 @@ from fastcore.basics import patch
 from .pool import KVPool
 from .sizing import parse_budget, plan, key_format_items
 from .pagedkv import PagedKV
-from .backends import ATTN_BACKENDS
+from .backends import ATTN_BACKENDS, default_backend
 from .model_runner import ModelRunner
 from .scheduler import Scheduler, Request, Work, POLICIES
 from .models.identity import DEFAULT_MODEL, text_config
@@ -185,7 +185,8 @@ def _build(self:Engine, cfg:EngineConfig):
     # naming a format in kv.key_formats is asking for it (tbq3 as the whole pool's format stays refused unless HQKV_ALLOW_TBQ3=1)
     opts = {f: asked_codec_opts(f) for _, f in p.key_formats + p.value_formats}
     pool = KVPool(self.geometry, cfg.kv_format, cfg.kv_pool_bytes, device=cfg.device, key_formats=p.key_formats, value_formats=p.value_formats, codec_opts=opts)
-    paged = PagedKV(pool, window_sinks=cfg.window_sinks, window_recent=cfg.window_recent, attn=cfg.attn, lanes=cfg.max_batch, key_profile=prof)
+    attn = cfg.attn or default_backend(pool, softcap=getattr(text_config(lm.model.config), "attn_logit_softcapping", None) is not None)
+    paged = PagedKV(pool, window_sinks=cfg.window_sinks, window_recent=cfg.window_recent, attn=attn, lanes=cfg.max_batch, key_profile=prof)
     runner = ModelRunner(lm, paged)   # a model the backend cannot run (soft-capping on ref/triton, a profile with soft-capping): ValueError
     self.config, self.pool, self.paged, self.runner, self.plan, self.key_profile = cfg, pool, paged, runner, p, describe_key_profile(prof)
     self.bit_plan = setup.source

@@ -39,7 +39,7 @@ class PagedKV:
                  window_sinks:int=32,       # kv.window_sinks: first tokens of each sequence also kept exact (bf16)
                  window_recent:int=512,     # kv.window_recent: latest tokens also kept exact; 0/0 disables the window
                  layers:tuple|None=None,    # model layer index of each pool layer (default: the geometry's attn_layer_ids)
-                 attn:str|None=None,        # 'gather', 'ref' or 'triton' (see the table); default: `default_backend(pool)`
+                 attn:str|None=None,        # 'gather', 'ref', 'triton' or 'cpu' (see the table); default: `default_backend(pool)` ('gather' with decode_reads)
                  lanes:int=8,               # sequence lanes allocated up front (doubled when they run out)
                  key_profile=None,          # a `hqkv.keyprofile.KeyProfile`: keys stored as (k - mu) / sigma, queries times sigma
                  defer_codes:bool=True,     # code decode rows a page at a time from the window (when it holds a page; not with Triton)
@@ -51,15 +51,15 @@ class PagedKV:
         layers = tuple(g.attn_layer_ids) if layers is None else tuple(layers)
         if len(layers) != g.attn_layers or len(set(layers)) != len(layers):
             raise ValueError(f"layers must name the {g.attn_layers} distinct model layers of the pool's attention layers, got {layers}")
-        backend = get_backend(default_backend(pool) if attn is None else attn)
+        backend = get_backend(("gather" if decode_reads else default_backend(pool)) if attn is None else attn)
         backend.check(pool)
-        if decode_reads and backend.name != "gather": raise ValueError(f"decode_reads needs attn='gather', got {backend.name!r}")
         if key_profile is not None: key_profile.check_geometry(layers, g.kv_heads, g.head_dim); key_profile = key_profile.to(pool.device)
         self.pool, self.codec, self.backend, self.key_profile = pool, pool.codec, backend, key_profile
         self.k_codecs = tuple(pool.k_codec(i) for i in range(g.attn_layers))   # per pool layer: its keys' codec ...
         self.v_codecs = tuple(pool.v_codec(i) for i in range(g.attn_layers))   # ... and its values' (one and the same in a one-format pool)
         self.layers, self.layer_index = layers, {l: i for i, l in enumerate(layers)}
-        self.sinks, self.recent, self.decode_reads = window_sinks, window_recent, bool(decode_reads)
+        self.sinks, self.recent = window_sinks, window_recent
+        self.decode_reads = decode_reads
         self.defer = bool(defer_codes) and window_recent >= pool.page_tokens and backend.defers_codes
         self.capacity = max(1, lanes)
         self.windows = None if not (window_sinks or window_recent) else [
@@ -74,6 +74,13 @@ class PagedKV:
 
     @property
     def attn(self) -> str: return self.backend.name
+    @property
+    def decode_reads(self) -> bool: return self._decode_reads
+    @decode_reads.setter
+    def decode_reads(self, on:bool):
+        "Prefill chunks read keys as decode steps would (the quality harness's decode regime): the gather backend only."
+        if on and self.backend.name != "gather": raise ValueError(f"decode_reads needs attn='gather', got {self.backend.name!r}")
+        self._decode_reads = bool(on)
     def __len__(self): return len(self.lanes)
     def __contains__(self, seq_id): return seq_id in self.lanes
     def __repr__(self):

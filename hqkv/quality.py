@@ -171,7 +171,7 @@ def kv_state(model, # a `Gemma3`, or an `HFModel`
     fmts = {variant.kv_format, *(f for _, f in variant.key_formats + variant.value_formats)}
     pool = KVPool(g, variant.kv_format, f"{len(ids)}tok", codec_opts={f: codec_opts(f) for f in fmts}, key_formats=variant.key_formats, value_formats=variant.value_formats)
     S, R = (variant.sinks, variant.recent) if variant.window else (0, 0)
-    paged = PagedKV(pool, window_sinks=S, window_recent=R, key_profile=profile if variant.key_profile else None)
+    paged = PagedKV(pool, window_sinks=S, window_recent=R, attn="gather", key_profile=profile if variant.key_profile else None)   # the decode regime reads as decode steps: gather only
     paged.admit(0, ids, 0)
     return model.new_state(kv=paged.view(0))
 
