@@ -11,7 +11,7 @@ export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install demo test nbtest pytest check-clean docs readme docs-test screenshot chromium bench bench-context bench-serve bench-texts gpu-check kernel-check vllm-check clean
+.PHONY: install demo test nbtest pytest check-clean docs readme docs-test screenshot chromium bench bench-context bench-engine bench-serve bench-texts gpu-check kernel-check vllm-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -71,6 +71,12 @@ bench-texts:
 bench: $(STAMP) bench-texts
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
 	$(BIN)/nbdev-test --n-workers 1 --flags slow --timing --cell-timeout 7200
+
+## bench-engine: decode tokens/s of one sequence at 1K-8K tokens of context on three real models: bf16 pages and hq-e8-2b,
+## each through the gather backend and the CPU kernels, against transformers' own forward and cache
+## (nbs/studies/53a_engine_context's slow cells -> nbs/results/engine_context.json and .png)
+bench-engine: $(STAMP)
+	OMP_WAIT_POLICY=PASSIVE $(BIN)/nbdev-test --n-workers 1 --flags slow --timing --cell-timeout 3600 nbs/studies/53a_engine_context.ipynb
 
 ## bench-context: attention alone for one layer at 1K-32K tokens, head dims 64/128/256, GQA 1/4/8, every format the CPU kernels
 ## read, against bf16 pages and the gather path, with a STREAM-like triad for the machine's bandwidth (nbs/34_attention.cpu's
