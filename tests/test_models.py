@@ -61,23 +61,23 @@ def test_bad_models_are_refused_and_nothing_is_written(tmp_path):
 
 @pytest.mark.model
 def test_real_smollm2_calibrate_and_eval(tmp_path):
-    """SmolLM2-135M (llama, 30 layers, 3 KV heads x 64) from its pip package: a profile on 1,024 tokens of the Python
-    docs, then hq-e8-2b with and without it on one 1K window of KJV Genesis (the shipped excerpt)."""
+    """SmolLM2-135M (llama, 30 layers, 3 KV heads x 64) from its pip package: a profile on 512 tokens of the Python
+    docs, then hq-e8-2b with it on one 512-token window of KJV Genesis (the shipped excerpt), and a needle at 512."""
     from hqkv.models.load import fetch_model, ModelUnavailable
     try: fetch_model("smollm2-135m")
     except ModelUnavailable as e: pytest.skip(str(e))
     from hqkv.keyprofile import CALIB_TEXT
-    r = run(["calibrate", "--model", "smollm2-135m", "--text-file", str(CALIB_TEXT), "--tokens", "1024", "--json"], tmp_path)
+    r = run(["calibrate", "--model", "smollm2-135m", "--text-file", str(CALIB_TEXT), "--tokens", "512", "--json"], tmp_path)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["layers"] == list(range(30))
-    r = run(["eval", "kld", "--model", "smollm2-135m", "--format", "hq-e8-2b", "--text-file", str(TEXT), "--context", "1024",
-             "--score-last", "256", "--chunk", "512", "--json"], tmp_path)
+    r = run(["eval", "kld", "--model", "smollm2-135m", "--format", "hq-e8-2b", "--text-file", str(TEXT), "--context", "512",
+             "--score-last", "256", "--chunk", "256", "--window-sinks", "4", "--window-recent", "64", "--json"], tmp_path)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert out["meta"]["key_profile"].startswith("qk/1024tok"), out["meta"]
+    assert out["meta"]["key_profile"].startswith("qk/512tok"), out["meta"]
     row = out["rows"][0]
-    assert row["variant"] == "hq-e8-2b+profile+window" and 0 <= row["kld"]["1024"] < 1, row
-    r = run(["eval", "niah", "--model", "smollm2-135m", "--format", "hq-e8-2b", "--text", "kjv-excerpt", "--context", "1024",
+    assert row["variant"] == "hq-e8-2b+profile+window:4:64" and 0 < row["kld"]["512"] < 1, row
+    r = run(["eval", "niah", "--model", "smollm2-135m", "--format", "hq-e8-2b", "--text", "kjv-excerpt", "--context", "512",
              "--depths", "0.5", "--chunk", "256", "--window-sinks", "4", "--window-recent", "64", "--json"], tmp_path)
     assert r.returncode == 0, r.stderr
     cells = {c["variant"]: c for c in json.loads(r.stdout)["records"]}
