@@ -314,13 +314,16 @@ def _serve_setup(p):
                    "message act as such (default: plain text in a completion prompt, refused in chat content)")
     p.add_argument("--grace", type=float, default=30.0, help="on SIGTERM or Ctrl-C: seconds running requests get to finish before they end "
                    "with an error (default 30); new requests get 503 meanwhile")
+    p.add_argument("--header-timeout", type=float, default=10.0, help="seconds a connection may take to send a complete request head; "
+                   "one that opens (or finishes a response) and sends none by then is closed (default 10)")
 
 def _serve_run(a) -> int:
     import signal, socket, uvicorn
-    from hqkv.serve import EngineWorker, make_app
+    from hqkv.serve import EngineWorker, make_app, header_timeout_protocol
     if a.max_waiting < 1: raise ValueError(f"--max-waiting must be >= 1, got {a.max_waiting}")
     if a.max_body_bytes < 1024: raise ValueError(f"--max-body-bytes must be >= 1024, got {a.max_body_bytes}")
     if not a.grace >= 0: raise ValueError(f"--grace must be >= 0 seconds, got {a.grace}")
+    if not a.header_timeout > 0: raise ValueError(f"--header-timeout must be > 0 seconds, got {a.header_timeout}")
     cfg = config_from_args(a)                        # bad settings fail before the socket and the model
     sock = socket.socket(socket.AF_INET6 if ":" in a.host else socket.AF_INET); sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try: sock.bind((a.host, a.port))                 # before the model loads: a busy port fails at once
@@ -328,7 +331,8 @@ def _serve_run(a) -> int:
     eng = _engine(cfg)
     print(eng.plan_line(), flush=True)
     worker = EngineWorker(eng, a.max_waiting)
-    server = uvicorn.Server(uvicorn.Config(make_app(worker, eng.lm.name, a.default_max_tokens, a.max_body_bytes, a.allow_control_tokens), log_level="warning"))
+    app = make_app(worker, eng.lm.name, a.default_max_tokens, a.max_body_bytes, a.allow_control_tokens)
+    server = uvicorn.Server(uvicorn.Config(app, http=header_timeout_protocol(a.header_timeout), log_level="warning"))
     http = threading.Thread(target=server.run, kwargs=dict(sockets=[sock]), name="hqkv-http", daemon=True)
     def drain(sig, _):                               # graceful: running requests finish (up to --grace), each one answered
         print(f"hqkv serve: {signal.Signals(sig).name}: draining (up to {a.grace:g} s)", flush=True); worker.drain(a.grace)

@@ -20,8 +20,8 @@ except ImportError: Request = None
 _log = logging.getLogger("hqkv.serve")
 
 # %% auto #0
-__all__ = ['ROLES', 'PLAYGROUND_DIR', 'Job', 'ServeMetrics', 'EngineWorker', 'held_back', 'BadRequest', 'chat_messages',
-           'make_app', 'PoolFeed', 'load_test']
+__all__ = ['ROLES', 'PLAYGROUND_DIR', 'HEADER_TIMEOUT', 'Job', 'ServeMetrics', 'EngineWorker', 'held_back', 'BadRequest',
+           'chat_messages', 'make_app', 'PoolFeed', 'header_timeout_protocol', 'load_test']
 
 # %% ../nbs/43_serve.ipynb #ab4136ec
 @dataclass(eq=False)
@@ -445,6 +445,30 @@ class PoolFeed:
         "The latest state, `now` on the feed's clock, and the history rows after `since`."
         with self._lock: s, rows = self._state, [r for r in self._history if since is None or r["time"] > since]
         return s | {"now": round(time.monotonic() - self._t0, 4), "history": rows}
+
+# %% ../nbs/43_serve.ipynb #d8878d3a
+HEADER_TIMEOUT = 10.0   # seconds a connection may take to send a complete request head (hqkv serve --header-timeout)
+
+def header_timeout_protocol(seconds:float=HEADER_TIMEOUT) -> type: # an asyncio protocol class for `uvicorn.Config(http=...)`
+    "uvicorn's h11 protocol with a deadline for each request head: armed when a connection opens and after each response; a connection with no new request by then is closed."
+    if not seconds > 0: raise ValueError(f"the header timeout must be > 0 seconds, got {seconds!r}")
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+    class HeaderTimeout(H11Protocol):
+        def connection_made(self, transport):
+            super().connection_made(transport); self._arm()
+        def _arm(self):
+            self._armed_cycle, self._deadline = self.cycle, self.loop.call_later(seconds, self._expire)
+        def _expire(self):   # no new request began since armed, and none is being answered: close
+            idle = self.cycle is self._armed_cycle and (self.cycle is None or self.cycle.response_complete)
+            if idle and not self.transport.is_closing(): self.transport.close()
+        def on_response_complete(self):
+            super().on_response_complete()
+            self._deadline.cancel()
+            if not self.transport.is_closing(): self._arm()
+        def connection_lost(self, exc):
+            self._deadline.cancel(); super().connection_lost(exc)
+    HeaderTimeout.__qualname__ = HeaderTimeout.__name__ = f"HeaderTimeout{seconds:g}s"
+    return HeaderTimeout
 
 # %% ../nbs/43_serve.ipynb #0c710f12
 def _pct(xs:list, p:float) -> float|None:

@@ -11,7 +11,8 @@ from test_serve import start, stop, metrics, tiny   # tiny: test_serve's fixture
 
 @pytest.fixture(scope="module")
 def server(tiny):
-    p, base = start(tiny, "--format", "bf16", "--budget", "2Ktok", "--context", "512", "--prefill-chunk", "64", "--max-waiting", "4")
+    p, base = start(tiny, "--format", "bf16", "--budget", "2Ktok", "--context", "512", "--prefill-chunk", "64", "--max-waiting", "4",
+                     "--header-timeout", "2")
     yield base
     stop(p)
 
@@ -60,6 +61,32 @@ def test_transport_errors_and_limits(server):
     err(httpx.get(server + "/v1/completions", timeout=10), 405, "GET /v1/completions")
     err(httpx.post(server + "/v1/completions", content='{"prompt": "x"}', headers={"Content-Type": "text/plain"}, timeout=10), 415, "application/json")
     err(httpx.post(server + "/v1/completions", json={"prompt": "the " * 1_500_000}, timeout=60), 413, "4,194,304 bytes")
+
+
+def test_half_open_connections_are_closed_and_answers_are_not_cut(server):
+    "A connection that never finishes its request head is closed at --header-timeout; a request whose head arrived is not cut by it."
+    import socket
+    host, port = server.removeprefix("http://").rsplit(":", 1)
+    def closed_after(send: bytes, wait=15.0):
+        c = socket.create_connection((host, int(port)), timeout=wait); c.sendall(send); t = time.monotonic()
+        try:
+            while c.recv(4096): pass
+            return time.monotonic() - t
+        except socket.timeout: return None
+        finally: c.close()
+    assert 1.5 < closed_after(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: appl") < 8
+    assert 1.5 < closed_after(b"") < 8
+    body = json.dumps({"prompt": "the god", "max_tokens": 2, "temperature": 0}).encode()
+    c = socket.create_connection((host, int(port)), timeout=30)   # a head that arrived, its body late: past the deadline, still answered
+    try:
+        c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body[:5])
+        time.sleep(4)
+        c.sendall(body[5:])
+        got = b""
+        while (x := c.recv(4096)): got += x
+    finally: c.close()
+    assert got.startswith(b"HTTP/1.1 200") and b'"completion_tokens"' in got, got[:300]
 
 
 def test_nulls_and_openai_inputs_that_are_valid(server):
