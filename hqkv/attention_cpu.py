@@ -11,13 +11,14 @@ from importlib import resources
 from pathlib import Path
 import torch
 from torch import Tensor
+from fastcore.basics import patch
 from .codec import Codec
 from .models.identity import cache_dir
 from .attention import ExactWindow, _pair, _check_pages, _check_q, _check_table, _check_int, _check_window
 
 # %% auto #0
 __all__ = ['SOURCE', 'FLAGS', 'ISAS', 'CPU_FORMATS', 'build_dir', 'build', 'lib', 'set_isa', 'e8_tables', 'cpu_format',
-           'held_spans', 'paged_decode_cpu', 'paged_prefill_cpu']
+           'held_spans', 'DecodePlan', 'paged_decode_cpu', 'paged_prefill_cpu']
 
 # %% ../nbs/34_attention.cpu.ipynb #afa6e8a2
 SOURCE = "csrc/attention_cpu.cpp"                       # package data of hqkv
@@ -132,24 +133,92 @@ def _spans(lens:list, window:ExactWindow|None, slots:list|None) -> Tensor:
     return torch.tensor([[L, *held_spans(L, S, R), 0 if slots is None else slots[b]] for b, L in enumerate(lens)], dtype=torch.int64)
 
 # %% ../nbs/34_attention.cpu.ipynb #8cffadbb
-def _call(qr:Tensor, k_pages, v_pages, indptr, indices, spans, kc, vc, window, threads:int, chunk:int) -> tuple[Tensor, Tensor]:
-    "Run the kernel: qr [B, H, Gp, D] rotated and scaled -> (out [B, H, Gp, D] in the values' domain, lse [B, H, Gp])."
-    B, H, Gp, D = qr.shape
+def _args(B:int, H:int, Gp:int, D:int, P:int, spans:Tensor, indptr:Tensor, indices:Tensor, window_sr:tuple, threads:int, chunk:int) -> _Args:
+    "The fields of a kernel call that every layer of a step shares (the caller keeps `spans`, `indptr` and `indices` alive)."
+    a = _Args(B=B, H=H, Gp=Gp, D=D, page_size=P, chunk=chunk, threads=threads, S=window_sr[0], R=window_sr[1])
+    a.spans, a.indptr, a.indices = spans.data_ptr(), indptr.data_ptr(), indices.data_ptr()
+    return a
+
+def _call(a:_Args, qr:Tensor, k_pages, v_pages, kc, vc, window, work:Tensor) -> tuple[Tensor, Tensor]:
+    "Run the kernel on one layer: qr [B, H, Gp, D] rotated and scaled -> (out [B, H, Gp, D] in the values' domain, lse [B, H, Gp])."
     (kf, _), (vf, _) = cpu_format(kc), cpu_format(vc)
-    out, lse = torch.empty(B, H, Gp, D), torch.empty(B, H, Gp)
-    items = sum(max(1, -(-L // chunk)) for L in spans[:, 0].tolist())
-    work = torch.empty(items * H * Gp * (D + 2))           # every byte is written before it is read
-    a = _Args(B=B, H=H, Gp=Gp, D=D, page_size=k_pages.shape[1], k_row_bytes=kc.row_bytes, v_row_bytes=vc.row_bytes,
-              chunk=chunk, threads=threads, kf=ctypes.pointer(kf), vf=ctypes.pointer(vf))
-    ts = dict(q=qr, k_pages=k_pages, v_pages=v_pages, indptr=indptr, indices=indices, spans=spans, out=out, lse=lse)
+    out, lse = torch.empty(qr.shape), torch.empty(qr.shape[:3])
+    a.k_row_bytes, a.v_row_bytes, a.kf, a.vf = kc.row_bytes, vc.row_bytes, ctypes.pointer(kf), ctypes.pointer(vf)
+    a.q, a.k_pages, a.v_pages, a.out, a.lse = qr.data_ptr(), k_pages.data_ptr(), v_pages.data_ptr(), out.data_ptr(), lse.data_ptr()
     if window is not None:
-        a.S, a.R = window.sinks, window.recent
-        ts.update(k_sink=window.k_sink, v_sink=window.v_sink, k_ring=window.k_recent, v_ring=window.v_recent)
-    for n, t in ts.items(): setattr(a, n, t.data_ptr())
+        a.k_sink, a.v_sink, a.k_ring, a.v_ring = (t.data_ptr() for t in (window.k_sink, window.v_sink, window.k_recent, window.v_recent))
     lib().hqkv_cpu_decode(ctypes.byref(a), work.data_ptr())
     return out, lse
 
 # %% ../nbs/34_attention.cpu.ipynb #a61d669f
+def _check_cpu(*ts, what="paged_decode_cpu"):
+    if any(t.device.type != "cpu" or not t.is_contiguous() for t in ts): raise ValueError(f"{what} reads contiguous CPU tensors (pages, page table, window)")
+
+class DecodePlan:
+    "What every layer of one decode step shares: the page table checked once, each sequence's spans, the work split and buffers (`run` per layer)."
+    def __init__(self, k_pages:Tensor, v_pages:Tensor, # one layer's pages: every layer the plan runs has pages of this shape (row bytes aside)
+                 indptr:Tensor, indices:Tensor, last_page_len:Tensor, # int32 page table, as `paged_decode_cpu` takes it
+                 codec:Codec, # that layer's format (or key, value pair): the head size
+                 window:ExactWindow|None=None, window_slots:Tensor|None=None, # exact window (any layer's: sizes and lengths are shared)
+                 threads:int|None=None, chunk:int|None=None):
+        num_pages, P, H = _check_pages(k_pages, v_pages, codec)
+        D = _pair(codec)[0].head_dim
+        B = indptr.shape[0] - 1 if isinstance(indptr, Tensor) and indptr.ndim == 1 else -1
+        ip, idx = _check_table(indptr, indices, B, num_pages)
+        lpl = _check_int("last_page_len", last_page_len, B)
+        if any(ip[b + 1] == ip[b] for b in range(B)): raise ValueError("paged_decode_cpu: every sequence needs at least one page")
+        if any(not 1 <= x <= P for x in lpl): raise ValueError(f"last_page_len must be in 1..{P}, got {lpl}")
+        _check_cpu(k_pages, v_pages, indptr, indices)
+        self.lens = [(ip[b + 1] - ip[b] - 1) * P + lpl[b] for b in range(B)]
+        slots = _check_window(window, window_slots, self.lens, H, D, "sequence length")
+        self.shape, self.B, self.D, self.table = (num_pages, P, H), B, D, (indptr, indices)
+        self.window_sr = (window.sinks, window.recent) if window is not None else None
+        self.slots = torch.tensor(slots if slots is not None else [], dtype=torch.int64)
+        self.threads = torch.get_num_threads() if threads is None else threads
+        self.chunk = -(-(chunk or max(256, -(-sum(self.lens) // (4 * self.threads)))) // P) * P
+        self.spans = _spans(self.lens, window, slots)
+        self.items = sum(max(1, -(-L // self.chunk)) for L in self.lens)
+        self._args, self._work = {}, {}   # per padded group size: the shared kernel fields, the work buffer
+    def __repr__(self): return f"DecodePlan(B={self.B}, tokens={sum(self.lens)}, chunk={self.chunk}, threads={self.threads})"
+
+# %% ../nbs/34_attention.cpu.ipynb #5e32646b
+@patch
+def _check_layer(self:DecodePlan, q:Tensor, k_pages:Tensor, v_pages:Tensor, codec, window:ExactWindow|None) -> int:
+    "The cheap checks of one layer's call (its pages, query and window against the plan); returns G."
+    num_pages, P, H = _check_pages(k_pages, v_pages, codec)
+    if (num_pages, P, H) != self.shape: raise ValueError(f"pages [{num_pages}, {P}, {H}, ..] differ from the plan's {list(self.shape)}")
+    if _pair(codec)[0].head_dim != self.D: raise ValueError(f"codec head_dim {_pair(codec)[0].head_dim} != the plan's {self.D}")
+    if q.shape[0] != self.B: raise ValueError(f"q has {q.shape[0]} rows, the plan {self.B} sequences")
+    if (window is None) != (self.window_sr is None): raise ValueError("give the window to both the plan and every call, or to neither")
+    _check_cpu(k_pages, v_pages)
+    if window is not None:
+        if (window.sinks, window.recent) != self.window_sr or tuple(window.k_sink.shape[2:]) != (H, self.D):
+            raise ValueError(f"this layer's window ({window.sinks}+{window.recent}, {tuple(window.k_sink.shape[2:])}) is not the plan's {self.window_sr}")
+        _check_cpu(window.k_sink, window.k_recent, window.v_sink, window.v_recent)
+        if window.lens[self.slots].tolist() != self.lens:
+            raise ValueError(f"window and pages describe different tokens: window lengths {window.lens[self.slots].tolist()}, sequence lengths {self.lens}")
+    return _check_q(q, H, self.D)
+
+@patch
+def run(self:DecodePlan, q:Tensor, # float [B, Hq, D], original domain
+        k_pages:Tensor, v_pages:Tensor, # this layer's pages
+        codec:Codec, scale:float|None=None, window:ExactWindow|None=None,
+        return_lse:bool=False) -> Tensor|tuple[Tensor, Tensor]:
+    "One layer's decode attention over the planned table: `paged_decode_cpu`'s result."
+    G = self._check_layer(q, k_pages, v_pages, codec, window)
+    kc, vc = _pair(codec)
+    B, H, D = self.B, self.shape[2], self.D
+    Gp, scale = _padded_group(G), 1 / math.sqrt(D) if scale is None else float(scale)
+    if Gp not in self._args:
+        self._args[Gp] = _args(B, H, Gp, D, self.shape[1], self.spans, *self.table, self.window_sr or (0, 0), self.threads, self.chunk)
+        self._work[Gp] = torch.empty(self.items * H * Gp * (D + 2))   # every byte is written before it is read
+    qr = (kc.rotate(q.float()) * scale).reshape(B, H, G, D)          # rotate the query once (into the keys' domain)
+    if Gp != G: qr = torch.cat([qr, qr.new_zeros(B, H, Gp - G, D)], 2)
+    out, lse = _call(self._args[Gp], qr.contiguous(), k_pages, v_pages, kc, vc, window, self._work[Gp])
+    o = vc.unrotate(out[:, :, :G].reshape(B, H * G, D)).to(q.dtype)   # rotate the output back once
+    return (o, lse[:, :, :G].reshape(B, H * G)) if return_lse else o
+
+# %% ../nbs/34_attention.cpu.ipynb #83854038
 def paged_decode_cpu(q:Tensor, # float [B, Hq, D], original domain; Hq a multiple of kv_heads
                      k_pages:Tensor, v_pages:Tensor, # uint8 [num_pages, page_size, kv_heads, row_bytes], CPU, contiguous
                      indptr:Tensor, indices:Tensor, # int32 page table
@@ -162,28 +231,9 @@ def paged_decode_cpu(q:Tensor, # float [B, Hq, D], original domain; Hq a multipl
                      threads:int|None=None, # default torch.get_num_threads()
                      chunk:int|None=None, # positions per work item
                     ) -> Tensor|tuple[Tensor, Tensor]: # o [B, Hq, D] in q's dtype (and lse)
-    "`paged_decode` computed by the C++ kernels: pages read in place, rotated domain, FP32 online softmax, splits merged by log-sum-exp."
-    num_pages, P, H = _check_pages(k_pages, v_pages, codec)
-    kc, vc = _pair(codec)
-    D, B = kc.head_dim, q.shape[0]
-    G = _check_q(q, H, D)
-    ip, idx = _check_table(indptr, indices, B, num_pages)
-    lpl = _check_int("last_page_len", last_page_len, B)
-    if any(ip[b + 1] == ip[b] for b in range(B)): raise ValueError("paged_decode_cpu: every sequence needs at least one page")
-    if any(not 1 <= x <= P for x in lpl): raise ValueError(f"last_page_len must be in 1..{P}, got {lpl}")
-    ts = [k_pages, v_pages, indptr, indices] + ([window.k_sink, window.k_recent, window.v_sink, window.v_recent] if window is not None else [])
-    if any(t.device.type != "cpu" or not t.is_contiguous() for t in ts): raise ValueError("paged_decode_cpu reads contiguous CPU tensors (pages, page table, window)")
-    lens = [(ip[b + 1] - ip[b] - 1) * P + lpl[b] for b in range(B)]
-    slots = _check_window(window, window_slots, lens, H, D, "sequence length")
-    scale = 1 / math.sqrt(D) if scale is None else float(scale)
-    threads = torch.get_num_threads() if threads is None else threads
-    chunk = -(-(chunk or max(256, -(-sum(lens) // (4 * threads)))) // P) * P
-    Gp = _padded_group(G)
-    qr = (kc.rotate(q.float()) * scale).reshape(B, H, G, D)          # rotate the query once (into the keys' domain)
-    if Gp != G: qr = torch.cat([qr, qr.new_zeros(B, H, Gp - G, D)], 2)
-    out, lse = _call(qr.contiguous(), k_pages, v_pages, indptr, indices, _spans(lens, window, slots), kc, vc, window, threads, chunk)
-    o = vc.unrotate(out[:, :, :G].reshape(B, H * G, D)).to(q.dtype)   # rotate the output back once
-    return (o, lse[:, :, :G].reshape(B, H * G)) if return_lse else o
+    "`paged_decode` computed by the C++ kernels: pages read in place, rotated domain, FP32 online softmax, splits merged by log-sum-exp (a one-layer `DecodePlan`)."
+    plan = DecodePlan(k_pages, v_pages, indptr, indices, last_page_len, codec, window, window_slots, threads, chunk)
+    return plan.run(q, k_pages, v_pages, codec, scale, window, return_lse)
 
 # %% ../nbs/34_attention.cpu.ipynb #751204dd
 def _own_part(qr:Tensor, kr:Tensor, vr:Tensor, G:int) -> tuple[Tensor, Tensor]:
@@ -230,7 +280,9 @@ def paged_prefill_cpu(q:Tensor, # float [T, Hq, D]: the chunks' queries, sequenc
     for b in range(B):
         C = qo[b + 1] - qo[b]
         Q[b, :, :C * G] = qr[qo[b]:qo[b + 1]].reshape(C, H, G, D).transpose(0, 1).reshape(H, C * G, D)
-    o1, l1 = _call(Q, k_pages, v_pages, indptr, indices, _spans(pl, window, slots), kc, vc, window, threads, chunk)
+    spans, items = _spans(pl, window, slots), sum(max(1, -(-L // chunk)) for L in pl)
+    a = _args(B, H, Gp, D, P, spans, indptr, indices, (window.sinks, window.recent) if window is not None else (0, 0), threads, chunk)
+    o1, l1 = _call(a, Q, k_pages, v_pages, kc, vc, window, torch.empty(items * H * Gp * (D + 2)))
     out, lse = torch.empty(T, H, G, D), torch.empty(T, H, G)
     for b in range(B):
         a, e = qo[b], qo[b + 1]; C = e - a

@@ -254,12 +254,15 @@ class PagedPlan:
     pre_prefix: Tensor|None = None # int32: tokens before each chunk
     pre_lanes: Tensor|None = None
     pre_max: int = 0               # the longest chunk
+    dec_call: object = None        # the backend's per-step decode plan (made at the first layer; the CPU kernels' `DecodePlan`)
 
 class PagedAttn:
     "Every decode row in one paged-decode call, every prefill chunk in one paged-prefill call: the torch reference or the Triton kernels."
     softcap = False
-    def __init__(self, name:str, decode, prefill, store=None, check=None, chunk_arg:bool=False, defers_codes:bool=True):
+    def __init__(self, name:str, decode, prefill, store=None, check=None, chunk_arg:bool=False, defers_codes:bool=True,
+                 plan_decode=None): # (k_pages, v_pages, indptr, indices, last_page_len, codec, window, slots) -> an object whose `run` every layer calls
         self.name, self._decode, self._prefill, self._store, self._check, self._chunk_arg = name, decode, prefill, store, check, chunk_arg
+        self._plan_decode = plan_decode
         self.defers_codes = defers_codes
     def __repr__(self): return f"PagedAttn({self.name!r})"
     def check(self, pool):
@@ -293,9 +296,12 @@ class PagedAttn:
         o = torch.empty_like(q)
         if p.dec:
             _window_append(kv, step, li, p.dec, kr, vr)  # the token is in its pages and window before it attends
-            t = p.dec_table
-            o[p.dec_rows] = self._decode(q[p.dec_rows], kp, vp, t.indptr, t.indices, t.last_page_len, c, scale,
-                                         window=w, window_slots=p.dec_lanes if w is not None else None).to(o.dtype)
+            t, lanes = p.dec_table, (p.dec_lanes if w is not None else None)
+            if self._plan_decode is None:
+                o[p.dec_rows] = self._decode(q[p.dec_rows], kp, vp, t.indptr, t.indices, t.last_page_len, c, scale, window=w, window_slots=lanes).to(o.dtype)
+            else:                                        # the table checked and split once per step, not once per layer
+                if p.dec_call is None: p.dec_call = self._plan_decode(kp, vp, t.indptr, t.indices, t.last_page_len, c, w, lanes)
+                o[p.dec_rows] = p.dec_call.run(q[p.dec_rows], kp, vp, c, scale, window=w).to(o.dtype)
         if p.pre:
             t, r = p.pre_table, p.pre_rows
             extra = dict(max_chunk=p.pre_max) if self._chunk_arg else {}
@@ -321,10 +327,10 @@ def _triton_backend() -> PagedAttn:
 
 def _cpu_backend() -> PagedAttn:
     "The CPU kernels that read pages in place (`hqkv.attention_cpu`: built with g++ on first use; a missing compiler is a named error)."
-    from hqkv.attention_cpu import paged_decode_cpu, paged_prefill_cpu, cpu_format
+    from hqkv.attention_cpu import DecodePlan, paged_decode_cpu, paged_prefill_cpu, cpu_format
     def check(pool):
         for li in range(pool.geometry.attn_layers): cpu_format(pool.k_codec(li)); cpu_format(pool.v_codec(li))
-    return PagedAttn("cpu", paged_decode_cpu, paged_prefill_cpu, check=check)
+    return PagedAttn("cpu", paged_decode_cpu, paged_prefill_cpu, check=check, plan_decode=DecodePlan)
 
 ATTN_BACKENDS = ("gather", "ref", "triton", "cpu")   # see the table above
 
