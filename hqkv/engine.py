@@ -22,6 +22,7 @@ from .model_runner import ModelRunner
 from .scheduler import Scheduler, Request, Work, POLICIES
 from .models.identity import DEFAULT_MODEL, text_config
 from .models.load import LoadedLM, load_causal_lm, PACKAGED_MODELS
+from .models.weights import Int8Linear, quantize_weights
 from .keyprofile import cache_setup
 from .settings import EngineConfig, SETTINGS, SETTING, env_name, _DTYPES, _int
 from .fixtures import load_text
@@ -29,8 +30,9 @@ from .fixtures import load_text
 _log = logging.getLogger("hqkv.runtime")
 
 # %% auto #0
-__all__ = ['DEMO_DEFAULTS', 'SamplingParams', 'sample', 'TokenEvent', 'check_device', 'memory_bytes', 'load_model', 'stop_ids',
-           'engine_key_profile', 'Engine', 'request_rates', 'prefill_progress', 'first_difference', 'demo_report']
+__all__ = ['DEMO_DEFAULTS', 'SamplingParams', 'sample', 'TokenEvent', 'check_device', 'memory_bytes', 'load_model', 'weights_of',
+           'stop_ids', 'engine_key_profile', 'Engine', 'request_rates', 'prefill_progress', 'first_difference',
+           'demo_report']
 
 # %% ../nbs/41_engine.ipynb #8cfc0534
 @dataclass(slots=True, frozen=True)
@@ -94,12 +96,20 @@ def memory_bytes(device:str) -> int:
     if d.type == "cuda": return torch.cuda.mem_get_info(d)[1]
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
-def load_model(spec:str, dtype:str="float32", device:str="cpu") -> LoadedLM:
-    "The model `model.path` names, loaded once per process (`hqkv.models.load.load_causal_lm`)."
+def load_model(spec:str, dtype:str="float32", device:str="cpu",
+               weights:str="fp32") -> LoadedLM: # engine.weights: 'int8' is a copy with int8 linear layers (`hqkv.models.weights`)
+    "The model `model.path` names, loaded once per process and weights setting (`hqkv.models.load.load_causal_lm`)."
     check_device(device)
-    key = (str(spec), dtype, str(torch.device(device)))
-    if key not in _MODELS: _MODELS[key] = load_causal_lm(spec, _DTYPES[dtype], device)
+    key = (str(spec), dtype, str(torch.device(device)), weights)
+    if key not in _MODELS:
+        lm = load_causal_lm(spec, _DTYPES[dtype], device)
+        quantize_weights(lm.model, weights)       # fp32: as loaded; a setting it cannot apply: ValueError
+        _MODELS[key] = lm
     return _MODELS[key]
+
+def weights_of(lm:LoadedLM) -> str:
+    "The engine.weights setting a loaded model is in."
+    return "int8" if any(isinstance(m, Int8Linear) for m in lm.model.modules()) else "fp32"
 
 _STOP_TOKENS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|endoftext|>")   # turn ends of the chat templates hqkv knows
 
@@ -126,7 +136,10 @@ class Engine:
                  **flags): # settings by field name (kv_format='bf16', kv_pool_bytes='16Ktok', ...), highest precedence
         cfg = EngineConfig.resolve(flags) if config is None else (dataclasses.replace(config, **flags) if flags else config)
         if not isinstance(cfg, EngineConfig): raise TypeError(f"config must be an EngineConfig, got {type(cfg).__name__}")
-        if model is None: model = load_model(cfg.model, cfg.dtype, cfg.device)
+        if model is None: model = load_model(cfg.model, cfg.dtype, cfg.device, cfg.weights)
+        elif isinstance(model, LoadedLM) and weights_of(model) != cfg.weights:
+            raise ValueError(f"the model given has {weights_of(model)} weights, the config asks for engine.weights={cfg.weights}: "
+                             "pass no model (the engine loads it that way) or `hqkv.engine.load_model(..., weights=...)`'s")
         elif isinstance(model, LoadedLM): cfg = dataclasses.replace(cfg, model=model.name if model.name in (DEFAULT_MODEL, *PACKAGED_MODELS) else model.source)
         if not isinstance(model, LoadedLM): raise TypeError(f"model must be a hqkv.models.load.LoadedLM (load_causal_lm / load_model), got {type(model).__name__}")
         self.lm, self.model, self.tokenizer, self.geometry = model, model.model, model.tokenizer, model.geometry
@@ -200,7 +213,8 @@ def plan_line(self:Engine) -> str:
     "The pool's `hqkv.runtime.vram_plan` line, the fixed state each sequence holds beside it, the model, and the key profile."
     c = self.config
     return (f"{self.pool.plan_line()} state_per_lane={self.plan.state_bytes} lanes={c.max_batch} model={self.lm.name} key_profile={self.key_profile} "
-            f"bit_plan={self.bit_plan} prefill_chunk={c.prefill_chunk} step_tokens={c.step_tokens or 'none'} prefix_reuse={self.prefix_reuse}")
+            f"bit_plan={self.bit_plan} prefill_chunk={c.prefill_chunk} step_tokens={c.step_tokens or 'none'} prefix_reuse={self.prefix_reuse}"
+            + ("" if c.weights == "fp32" else f" weights={c.weights}"))
 
 @patch
 def reconfigure(self:Engine, **changes) -> EngineConfig:
@@ -208,6 +222,8 @@ def reconfigure(self:Engine, **changes) -> EngineConfig:
     if not self.idle:
         raise ValueError(f"engine busy: {len(self.running)} running and {len(self.waiting)} waiting requests; finish or cancel them before reconfigure")
     if "model" in changes: raise ValueError("reconfigure cannot change model.path: build a new Engine for another model")
+    if changes.get("weights", self.config.weights) != self.config.weights:
+        raise ValueError("reconfigure cannot change engine.weights (the model is loaded with them): build a new Engine")
     cfg = dataclasses.replace(self.config, **changes)
     cfg.sources = {**self.config.sources, **{k: "reconfigure" for k in changes}}
     self._build(cfg)

@@ -13,6 +13,7 @@ from .codec import codec_class
 from .sizing import parse_budget, key_format_items
 from .backends import ATTN_BACKENDS
 from .scheduler import POLICIES
+from .models.weights import WEIGHTS
 from .models.identity import DEFAULT_MODEL
 
 # %% auto #0
@@ -52,6 +53,7 @@ SETTINGS = (
     Setting("window_recent", "kv.window_recent", "int", 512, "--window-recent", "latest tokens also kept exact (0 and 0: no window)"),
     Setting("device", "engine.device", "str", "cpu", "--device", "where the model and the pool live ('cpu', 'cuda', 'cuda:1')"),
     Setting("dtype", "engine.dtype", "str", "float32", "--dtype", "model weights and activations: float32, bfloat16 or float16"),
+    Setting("weights", "engine.weights", "str", "fp32", "--weights", "the linear layers' weights: fp32 (as loaded) or int8 (one scale per output channel; float32 models on CPU)"),
     Setting("attn", "engine.attn", "str", None, "--attn", "attention backend: gather, ref, triton or cpu (none: picked per device)", optional=True),
     Setting("key_profile", "kv.key_profile", "str", "auto", "--key-profile", "'auto' (the model's calibrated profile, rotated formats), 'off', or a profile file"),
     Setting("key_formats", "kv.key_formats", "formats", "", "--key-formats", "some layers' keys in their own format, 'LAYER=FORMAT,...' (model layer ids), e.g. '5=tbq3,11=tbq3'"),
@@ -96,6 +98,7 @@ class _Checks:
         if not isinstance(self.prefix_reuse, bool): raise TypeError(f"prefix_reuse must be true or false, got {self.prefix_reuse!r}")
         _int("window_sinks", self.window_sinks, 0); _int("window_recent", self.window_recent, 0)
         if self.dtype not in _DTYPES: raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
+        if self.weights not in WEIGHTS: raise ValueError(f"engine.weights must be one of {', '.join(WEIGHTS)}, got {self.weights!r}")
         try: torch.device(self.device)
         except (RuntimeError, TypeError): raise ValueError(f"device {self.device!r} is not a torch device (e.g. 'cpu', 'cuda', 'cuda:1')") from None
         if not isinstance(self.key_profile, (str, Path)): raise TypeError(f"key_profile must be 'auto', 'off' or a path, got {self.key_profile!r}")

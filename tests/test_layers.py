@@ -7,7 +7,7 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "hqkv"
 
 LAYERS = [  # lowest first; a module may import any module of a lower layer
-    ["models.gemma3", "rotation", "precision", "testing"],   # nothing of hqkv
+    ["models.gemma3", "models.weights", "rotation", "precision", "testing"],   # nothing of hqkv
     ["models.identity"],                # a model's name, identity and files (reads gemma3's config class only)
     ["codec"],                          # the row formats (codec.* is one package)
     ["sizing", "fixtures"],             # bytes per token, geometries; shipped texts and data
