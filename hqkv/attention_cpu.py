@@ -127,6 +127,11 @@ def held_spans(L:int, # tokens of the sequence (its new token included)
 # %% ../nbs/34_attention.cpu.ipynb #dfb17778
 def _padded_group(G:int) -> int: return G if G in (1, 2, 4, 8) else 4 if G == 3 else 8 if G < 8 else -(-G // 8) * 8
 
+def _split(lens:list, P:int, threads:int, chunk:int|None) -> tuple[int, int]:
+    "(positions per work item, a multiple of the page size; work items in all): about 4 items per thread unless `chunk` is given."
+    chunk = -(-(chunk or max(256, -(-sum(lens) // (4 * threads)))) // P) * P
+    return chunk, sum(max(1, -(-L // chunk)) for L in lens)
+
 def _spans(lens:list, window:ExactWindow|None, slots:list|None) -> Tensor:
     "int64 [B, 4]: each sequence's length, s, r and window slot."
     S, R = (window.sinks, window.recent) if window is not None else (0, 0)
@@ -175,9 +180,8 @@ class DecodePlan:
         self.window_sr = (window.sinks, window.recent) if window is not None else None
         self.slots = torch.tensor(slots if slots is not None else [], dtype=torch.int64)
         self.threads = torch.get_num_threads() if threads is None else threads
-        self.chunk = -(-(chunk or max(256, -(-sum(self.lens) // (4 * self.threads)))) // P) * P
+        self.chunk, self.items = _split(self.lens, P, self.threads, chunk)
         self.spans = _spans(self.lens, window, slots)
-        self.items = sum(max(1, -(-L // self.chunk)) for L in self.lens)
         self._args, self._work = {}, {}   # per padded group size: the shared kernel fields, the work buffer
     def __repr__(self): return f"DecodePlan(B={self.B}, tokens={sum(self.lens)}, chunk={self.chunk}, threads={self.threads})"
 
@@ -185,9 +189,10 @@ class DecodePlan:
 @patch
 def _check_layer(self:DecodePlan, q:Tensor, k_pages:Tensor, v_pages:Tensor, codec, window:ExactWindow|None) -> int:
     "The cheap checks of one layer's call (its pages, query and window against the plan); returns G."
-    num_pages, P, H = _check_pages(k_pages, v_pages, codec)
+    num_pages, P, H = _check_pages(k_pages, v_pages, codec)   # the codec pair's head sizes agree, the rows fit them
     if (num_pages, P, H) != self.shape: raise ValueError(f"pages [{num_pages}, {P}, {H}, ..] differ from the plan's {list(self.shape)}")
-    if _pair(codec)[0].head_dim != self.D: raise ValueError(f"codec head_dim {_pair(codec)[0].head_dim} != the plan's {self.D}")
+    D = _pair(codec)[0].head_dim
+    if D != self.D: raise ValueError(f"codec head_dim {D} != the plan's {self.D}")
     if q.shape[0] != self.B: raise ValueError(f"q has {q.shape[0]} rows, the plan {self.B} sequences")
     if (window is None) != (self.window_sr is None): raise ValueError("give the window to both the plan and every call, or to neither")
     _check_cpu(k_pages, v_pages)
@@ -272,7 +277,7 @@ def paged_prefill_cpu(q:Tensor, # float [T, Hq, D]: the chunks' queries, sequenc
     slots = _check_window(window, window_slots, pl, H, D, "prefix length")
     scale = 1 / math.sqrt(D) if scale is None else float(scale)
     threads = torch.get_num_threads() if threads is None else threads
-    chunk = -(-(chunk or max(256, -(-sum(pl) // (4 * threads)))) // P) * P
+    chunk, items = _split(pl, P, threads, chunk)
     qr = kc.rotate(q.float()) * scale
     kr, vr = kc.rotate(k_new.float()), vc.rotate(v_new.float())
     Gp = _padded_group(max(qo[b + 1] - qo[b] for b in range(B)) * G)
@@ -280,7 +285,7 @@ def paged_prefill_cpu(q:Tensor, # float [T, Hq, D]: the chunks' queries, sequenc
     for b in range(B):
         C = qo[b + 1] - qo[b]
         Q[b, :, :C * G] = qr[qo[b]:qo[b + 1]].reshape(C, H, G, D).transpose(0, 1).reshape(H, C * G, D)
-    spans, items = _spans(pl, window, slots), sum(max(1, -(-L // chunk)) for L in pl)
+    spans = _spans(pl, window, slots)
     a = _args(B, H, Gp, D, P, spans, indptr, indices, (window.sinks, window.recent) if window is not None else (0, 0), threads, chunk)
     o1, l1 = _call(a, Q, k_pages, v_pages, kc, vc, window, torch.empty(items * H * Gp * (D + 2)))
     out, lse = torch.empty(T, H, G, D), torch.empty(T, H, G)
