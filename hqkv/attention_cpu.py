@@ -29,20 +29,22 @@ def build_dir() -> Path:
     return cache_dir() / "cpu_ext"
 
 # %% ../nbs/34_attention.cpu.ipynb #09180f72
-def build(force:bool=False) -> Path: # the shared library
-    "Compile the kernels with $CXX (default g++) once per source and flags; RuntimeError naming what is missing or what failed."
-    src = resources.files("hqkv").joinpath(SOURCE)
+def build(force:bool=False, # compile even if the library is cached
+          source:str=SOURCE, # a C++ file of hqkv's package data (`hqkv.models.weights` builds its own the same way)
+         ) -> Path: # the shared library
+    "Compile `source` with $CXX (default g++) once per source and flags; RuntimeError naming what is missing or what failed."
+    src, stem = resources.files("hqkv").joinpath(source), Path(source).stem
     cxx = os.environ.get("CXX", "g++")
     if shutil.which(cxx) is None:
-        raise RuntimeError(f"hqkv.attention_cpu needs a C++ compiler to build its kernels and {cxx!r} is not on PATH: install g++ (or set CXX)")
+        raise RuntimeError(f"hqkv's {stem} needs a C++ compiler to build its kernels and {cxx!r} is not on PATH: install g++ (or set CXX)")
     text = src.read_bytes()
-    out = build_dir() / f"attention_cpu-{hashlib.sha256(text + ' '.join((cxx,) + FLAGS).encode()).hexdigest()[:16]}.so"
+    out = build_dir() / f"{stem}-{hashlib.sha256(text + ' '.join((cxx,) + FLAGS).encode()).hexdigest()[:16]}.so"
     if out.exists() and not force: return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as d, resources.as_file(src) as path:
         tmp = Path(d) / out.name
         r = subprocess.run([cxx, *FLAGS, "-o", str(tmp), str(path)], capture_output=True, text=True)
-        if r.returncode: raise RuntimeError(f"hqkv.attention_cpu: building the CPU attention kernels with {cxx} failed:\n{r.stderr[-4000:]}")
+        if r.returncode: raise RuntimeError(f"hqkv's {stem}: building its CPU kernels with {cxx} failed:\n{r.stderr[-4000:]}")
         os.replace(tmp, out)                              # atomic: a concurrent build never sees half a file
     return out
 

@@ -7,7 +7,7 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "hqkv"
 
 LAYERS = [  # lowest first; a module may import any module of a lower layer
-    ["models.gemma3", "models.weights", "rotation", "precision", "testing"],   # nothing of hqkv
+    ["models.gemma3", "rotation", "precision", "testing"],   # nothing of hqkv
     ["models.identity"],                # a model's name, identity and files (reads gemma3's config class only)
     ["codec"],                          # the row formats (codec.* is one package)
     ["sizing", "fixtures"],             # bytes per token, geometries; shipped texts and data
@@ -16,6 +16,7 @@ LAYERS = [  # lowest first; a module may import any module of a lower layer
     ["models.load"],                    # any transformers causal LM, its geometry
     ["attention"],                      # attention over pages: the reference, its checks
     ["kernels", "attention_cpu", "window"],   # the Triton and the CPU kernels; the exact window row by row
+    ["models.weights"],                 # int8 linear layers (built like the CPU attention kernels)
     ["pool"],                           # pages in bytes
     ["backends", "scheduler"],          # attention backends behind one protocol; admission
     ["pagedkv"],                        # the per-step KV manager

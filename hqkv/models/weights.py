@@ -1,4 +1,4 @@
-"""The model's linear layers as int8 weights with one scale per output channel, multiplied by torch's own int8 weight-only CPU kernel: a quarter of float32's bytes for the part of a short-context decode step that is the weights.
+"""The model's linear layers as int8 weights with one float32 scale per 32 (ggml's Q8_0 layout), multiplied by a small C++ kernel that widens them in registers: a quarter of float32's bytes for the part of a short-context decode step that is the weights.
 
 Docs: https://hqkv.github.io/hqkv/models.weights.html.md"""
 
@@ -6,30 +6,78 @@ Docs: https://hqkv.github.io/hqkv/models.weights.html.md"""
 
 # %% ../../nbs/16a_models.weights.ipynb #4a7fb0f9
 from __future__ import annotations
+import ctypes
 import torch
 from torch import Tensor, nn
+from ..attention_cpu import build
 
 # %% auto #0
-__all__ = ['WEIGHTS', 'Int8Linear', 'weight_bytes', 'quantize_weights']
+__all__ = ['WEIGHTS', 'GROUP', 'DIRECT_ROWS', 'quantize_int8', 'linear_int8', 'Int8Linear', 'weight_bytes', 'quantize_weights']
 
 # %% ../../nbs/16a_models.weights.ipynb #a4cf0c34
 WEIGHTS = ("fp32", "int8")   # engine.weights
+GROUP = 32                   # weights per scale
+DIRECT_ROWS = 32             # up to this many activation rows the kernel reads the int8 weights directly
 
+_LIB = None
+def _lib() -> ctypes.CDLL:
+    global _LIB
+    if _LIB is None:
+        l = ctypes.CDLL(str(build(source="csrc/linear_cpu.cpp")))
+        P, I = ctypes.c_void_p, ctypes.c_int64
+        l.hqkv_linear_int8.argtypes, l.hqkv_linear_int8.restype = [P, I, I, P, P, I, P, I], ctypes.c_int
+        l.hqkv_linear_dequant.argtypes, l.hqkv_linear_dequant.restype = [P, P, I, I, I, P, I], ctypes.c_int
+        l.hqkv_linear_isa.argtypes, l.hqkv_linear_isa.restype = [ctypes.c_int], ctypes.c_int
+        l.hqkv_linear_isa(-1)
+        _LIB = l
+    return _LIB
+
+# %% ../../nbs/16a_models.weights.ipynb #b1e2c3d4
+def quantize_int8(w:Tensor, # float [N, K], K a multiple of `GROUP`
+                 ) -> tuple[Tensor, Tensor]: # int8 [N, K], float32 scales [N, K // GROUP]
+    "Symmetric int8 per group of `GROUP` weights of a row: scale = max|w| / 127."
+    N, K = w.shape
+    if K % GROUP: raise ValueError(f"int8 weights need rows whose length is a multiple of {GROUP}, got {K}")
+    g = w.detach().float().reshape(N, K // GROUP, GROUP)
+    s = (g.abs().amax(-1) / 127).clamp_min(torch.finfo(torch.float32).tiny)
+    return torch.round(g / s[..., None]).clamp(-127, 127).to(torch.int8).reshape(N, K).contiguous(), s.contiguous()
+
+def linear_int8(x:Tensor, # float32 [M, K]
+                w:Tensor, # int8 [N, K]
+                s:Tensor, # float32 [N, K // GROUP]
+               ) -> Tensor: # float32 [M, N]: x w^T, w scaled per group
+    "The product with int8 weights on CPU, on torch's threads: the kernel up to `DIRECT_ROWS` rows of `x`, beyond that float32 copies of 2,048 weight rows at a time through `torch.mm`."
+    M, K = x.shape; N = w.shape[0]
+    if w.dtype != torch.int8 or s.dtype != torch.float32 or x.dtype != torch.float32:
+        raise TypeError(f"linear_int8 takes float32 x, int8 w and float32 scales, got {x.dtype}, {w.dtype}, {s.dtype}")
+    if w.shape != (N, K) or s.shape != (N, K // GROUP) or K % GROUP:
+        raise ValueError(f"linear_int8: x {tuple(x.shape)}, w {tuple(w.shape)} and scales {tuple(s.shape)} do not fit (K a multiple of {GROUP})")
+    if not all(t.device.type == "cpu" and t.is_contiguous() for t in (x, w, s)): raise ValueError("linear_int8 takes contiguous CPU tensors")
+    y, th, l = torch.empty(M, N), torch.get_num_threads(), _lib()
+    if M <= DIRECT_ROWS:
+        l.hqkv_linear_int8(x.data_ptr(), M, K, w.data_ptr(), s.data_ptr(), N, y.data_ptr(), th)
+        return y
+    buf = torch.empty(min(N, 2048), K)
+    for n0 in range(0, N, 2048):
+        n1 = min(N, n0 + 2048)
+        l.hqkv_linear_dequant(w.data_ptr(), s.data_ptr(), K, n0, n1, buf.data_ptr(), th)
+        torch.mm(x, buf[:n1 - n0].T, out=y[:, n0:n1])
+    return y
+
+# %% ../../nbs/16a_models.weights.ipynb #b1e2c3d7
 class Int8Linear(nn.Module):
-    "An `nn.Linear` whose weight is int8, one float32 scale per output channel (symmetric: scale = max|w| / 127), run by torch's int8 weight-only CPU kernel."
+    "An `nn.Linear` whose weight is int8, one float32 scale per `GROUP` weights of a row, run by `linear_int8`."
     def __init__(self, linear:nn.Linear):
         super().__init__()
-        w = linear.weight.detach().float()
-        s = (w.abs().amax(1) / 127).clamp_min(torch.finfo(torch.float32).tiny)
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.register_buffer("weight_int8", torch.round(w / s[:, None]).clamp(-127, 127).to(torch.int8).contiguous())
-        self.register_buffer("scales", s.contiguous())
+        q, s = quantize_int8(linear.weight)
+        self.register_buffer("weight_int8", q); self.register_buffer("scales", s)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float(), requires_grad=False)
     def forward(self, x:Tensor) -> Tensor:
-        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features).float().contiguous(), self.weight_int8, self.scales)
+        y = linear_int8(x.reshape(-1, self.in_features).float().contiguous(), self.weight_int8, self.scales)
         y = y.reshape(*x.shape[:-1], self.out_features)
         return (y if self.bias is None else y + self.bias).to(x.dtype)
-    def extra_repr(self): return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, int8 per channel"
+    def extra_repr(self): return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, int8 per {GROUP}"
 
 # %% ../../nbs/16a_models.weights.ipynb #9117bd18
 def weight_bytes(model:nn.Module) -> int:
@@ -48,6 +96,8 @@ def quantize_weights(model:nn.Module, # a float32 model on CPU, changed in place
     p = next(model.parameters())
     if p.device.type != "cpu" or p.dtype != torch.float32:
         raise ValueError(f"engine.weights={weights} is for float32 models on CPU, this one is {p.dtype} on {p.device}: use engine.weights=fp32")
-    todo = [(m, n, c) for m in model.modules() for n, c in m.named_children() if type(c) is nn.Linear]
-    for m, n, c in todo: setattr(m, n, Int8Linear(c))
+    todo = [(m, n, c, f"{pn}.{n}".lstrip(".")) for pn, m in model.named_modules() for n, c in m.named_children() if type(c) is nn.Linear]
+    bad = [name for *_, c, name in todo if c.in_features % GROUP]
+    if bad: raise ValueError(f"engine.weights=int8 needs linear layers whose input size is a multiple of {GROUP}; {', '.join(bad[:3])} are not: use engine.weights=fp32")
+    for m, n, c, _ in todo: setattr(m, n, Int8Linear(c))
     return model
