@@ -72,8 +72,9 @@ bench: $(STAMP) bench-texts
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
 	$(BIN)/nbdev-test --n-workers 1 --flags slow --timing --cell-timeout 7200
 
-## bench-engine: decode tokens/s of one sequence at 1K-8K tokens of context on three real models: bf16 pages and hq-e8-2b,
-## each through the gather backend and the CPU kernels, against transformers' own forward and cache
+## bench-engine: decode tokens/s of one sequence at 1K-16K tokens of context on three real models: bf16, hq-e8-2b
+## (plan off and on) and q4_0 pages read in place by the CPU kernels, and hq-e8-2b with int8 weights, against
+## transformers' own forward and cache; each step split into weights / attention / rest
 ## (nbs/studies/53a_engine_context's slow cells -> nbs/results/engine_context.json and .png)
 bench-engine: $(STAMP)
 	$(BIN)/nbdev-test --n-workers 1 --flags slow --timing --cell-timeout 5400 nbs/studies/53a_engine_context.ipynb
