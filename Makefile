@@ -11,7 +11,7 @@ export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install demo test nbtest pytest check-clean docs readme docs-test screenshot chromium bench bench-context bench-engine bench-serve bench-texts gpu-check kernel-check vllm-check clean
+.PHONY: install demo test nbtest pytest check-clean docs readme docs-test screenshot chromium bench bench-context bench-engine bench-weights bench-serve bench-texts gpu-check kernel-check vllm-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -78,6 +78,11 @@ bench: $(STAMP) bench-texts
 ## (nbs/studies/53a_engine_context's slow cells -> nbs/results/engine_context.json and .png)
 bench-engine: $(STAMP)
 	$(BIN)/nbdev-test --n-workers 1 --flags slow --timing --cell-timeout 5400 nbs/studies/53a_engine_context.ipynb
+
+## bench-weights: int8 against float32 weights on three real models: KLD, top-1 and greedy agreement; decode and prefill
+## tokens/s at 1K against transformers' own forward (nbs/16a_models.weights' slow cells -> nbs/results/weights_int8.json)
+bench-weights: $(STAMP)
+	$(BIN)/nbdev-test --n-workers 1 --flags slow --timing --cell-timeout 3600 nbs/16a_models.weights.ipynb
 
 ## bench-context: attention alone for one layer at 1K-32K tokens, head dims 64/128/256, GQA 1/4/8, every format the CPU kernels
 ## read, against bf16 pages and the gather path, with a STREAM-like triad for the machine's bandwidth (nbs/34_attention.cpu's
