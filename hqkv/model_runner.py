@@ -55,6 +55,11 @@ class SlidingRings:
         out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
         for i in range(len(step)):
             sl, lane, P, n = step.span(i), step.lanes[i], step.pos0[i], step.lens[i]
+            if n == 1:   # a decode token: into its slot first (that slot held position P - W, out of its window), then the ring in place
+                Kr[lane, P % W], Vr[lane, P % W] = k[sl][0].to(self.dtype), v[sl][0].to(self.dtype)
+                m = min(P + 1, W)                                   # slots [0, m) hold positions P-m+1..P, in ring order: attention is order-free
+                out[sl] = gqa_attention(q[sl].float(), Kr[lane, :m].float(), Vr[lane, :m].float(), m - 1, scale, softcap)
+                continue
             a = max(0, P - W + 1)                                   # the first position any query of the chunk sees
             ring = torch.arange(a, P, device=q.device) % W
             K, V = torch.cat([Kr[lane, ring], k[sl].to(self.dtype)]).float(), torch.cat([Vr[lane, ring], v[sl].to(self.dtype)]).float()
