@@ -52,7 +52,7 @@ def build(force:bool=False, # compile even if the library is cached
 class _Fmt(ctypes.Structure):
     "One side's format for the kernel (C++ `Fmt`)."
     _fields_ = [("kind", ctypes.c_int64), ("D", ctypes.c_int64), ("block", ctypes.c_int64), ("block_bytes", ctypes.c_int64),
-                ("tab", ctypes.c_void_p), ("quarter", ctypes.c_uint8 * 64), ("row_bytes", ctypes.c_int64)]
+                ("tab", ctypes.c_void_p), ("blk", ctypes.c_uint8 * 64), ("row_bytes", ctypes.c_int64)]   # blk: the scale block of each group of 8
 
 _PTRS = ("q", "k_pages", "v_pages", "indptr", "indices", "spans", "k_sink", "v_sink", "k_ring", "v_ring", "out", "lse")
 _INTS = ("B", "H", "Gp", "D", "page_size", "k_row_bytes", "v_row_bytes", "S", "R", "chunk", "threads", "block_rows", "window_block_rows")
@@ -109,11 +109,13 @@ def cpu_format(codec:Codec) -> tuple[_Fmt, Tensor|None]: # the kernel's descript
     if codec.name == "hq-e8-2b":
         tab = e8_tables()
         for q, (a, b) in enumerate(codec.quarter_groups):
-            for g in range(a, b): f.quarter[g] = q
+            for g in range(a, b): f.blk[g] = q
     elif codec.name in ("q8_0", "q4_0"): f.block, f.block_bytes = 32, codec.row_bytes * 32 // codec.head_dim
     elif codec.name.startswith("tbq"):
         f.block, f.block_bytes = codec.block, codec.block_bytes(codec.block)
         tab = torch.zeros(16); tab[: len(codec.centroids)] = torch.tensor(codec.centroids)
+    if f.block:
+        for g in range(codec.head_dim // 8): f.blk[g] = g // (f.block // 8)
     if tab is not None: f.tab = tab.data_ptr()
     _FMTS[key] = f, tab
     return f, tab

@@ -7,6 +7,7 @@
 // hqkv.attention_cpu.held_spans; this file only reads the three spans it is given per sequence.
 #include <stdint.h>
 #include <string.h>
+#include <stddef.h>
 #include <math.h>
 #include <vector>
 #include <algorithm>
@@ -18,9 +19,19 @@ static const int BLK = 64;                    // rows per block (and at most one
 struct Fmt {                                  // one side's format (keys or values)
     int64_t kind, D, block, block_bytes;      // block: values per scale (ggml 32, tbq block, e8 unused)
     const float* tab;                         // e8: |pattern|[256][8], then per low byte [256][16]: sign masks, signed shifts; tbq: centroids[8 or 16]
-    uint8_t quarter[64];                      // e8: quarter of each group of 8
+    uint8_t blk[64];                          // the scale block of each group of 8 values (e8: its quarter; q8_0/q4_0/tbq: its block)
     int64_t row_bytes;                        // bytes of a row (set by hqkv_cpu_decode)
+    // not mirrored by ctypes: set by with_blocks
+    int32_t nsb;                              // scale blocks per row
+    int32_t sb[65];                           // block b covers groups [sb[b], sb[b + 1])
 };
+static Fmt with_blocks(const void* mirrored, int64_t row_bytes) {   // the ctypes part, then the block boundaries from blk
+    Fmt f; memset(&f, 0, sizeof f); memcpy(&f, mirrored, offsetof(Fmt, nsb));
+    f.row_bytes = row_bytes;
+    const int C = (int)(f.D / 8); f.nsb = 0; f.sb[0] = 0;
+    for (int c = 1; c <= C; ++c) if (c == C || f.blk[c] != f.blk[c - 1]) f.sb[++f.nsb] = c;
+    return f;
+}
 
 struct Args {                                 // mirrored by hqkv.attention_cpu._Args (ctypes)
     const float* q;                           // [B, H, Gp, D] rotated, scaled
@@ -56,7 +67,7 @@ static void decode_row(const Fmt& f, const uint8_t* row, float* x) {
             const uint8_t* cw = row + 2 * g; const float* t = f.tab + 2048 + 16 * cw[0];
             for (int j = 0; j < 8; ++j) {
                 float a = f.tab[8 * cw[1] + j] + t[8 + j]; uint32_t u, m; memcpy(&u, &a, 4); memcpy(&m, t + j, 4); u ^= m;
-                float v; memcpy(&v, &u, 4); x[8 * g + j] = v * sc[f.quarter[g]];
+                float v; memcpy(&v, &u, 4); x[8 * g + j] = v * sc[f.blk[g]];
             }
         }
         break; }
@@ -111,58 +122,67 @@ namespace avx {
 
 static inline __m256 bcast_f16(const uint8_t* p) { return _mm256_set1_ps(_cvtsh_ss(ld16(p))); }
 
+// A format: prep (per block of rows), row (a row's reader), scale(row, b) (the scale of block b, broadcast) and load8(row, c)
+// (group c's 8 values before that scale); `scaled` false: no scale.
 struct BF16 {                               // 8 bf16 -> 8 float: widen and shift
+    static constexpr bool scaled = false;
     struct R { const uint8_t* p; };
     static inline void prep(const uint8_t*, int64_t, int, const Fmt&, float*) {}
     static inline R row(const uint8_t* p, const Fmt&, const float*, int) { return R{p}; }
+    static inline __m256 scale(const R&, int, const Fmt&) { return _mm256_set1_ps(1.0f); }
     static inline __m256 load8(const R& r, int c, const Fmt&) {
         __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(r.p + 16 * c)));
         return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
     }
 };
-struct E8 {                                 // (|pattern| + signed shift) xor signs, times the quarter scale (tables: hqkv.attention_cpu.e8_tables)
+struct E8 {                                 // (|pattern| + signed shift) xor signs; the quarter scale (tables: hqkv.attention_cpu.e8_tables)
+    static constexpr bool scaled = true;
     struct R { const uint8_t* p; const float* sc; };   // sc: the row's 4 quarter scales as floats (see prep)
     static inline void prep(const uint8_t* base, int64_t stride, int n, const Fmt& f, float* sc) {
         for (int i = 0; i < n; ++i) { const uint8_t* sp = base + i * stride + f.D / 4; for (int k = 0; k < 4; ++k) sc[4 * i + k] = bf16f(ld16(sp + 2 * k)); }
     }
     static inline R row(const uint8_t* p, const Fmt&, const float* sc, int i) { return R{p, sc + 4 * i}; }
+    static inline __m256 scale(const R& r, int b, const Fmt&) { return _mm256_broadcast_ss(r.sc + b); }
     static inline __m256 load8(const R& r, int c, const Fmt& f) {
-        const uint8_t* cw = r.p + 2 * c;                              // low byte: sign bits and shift, high byte: pattern
-        const float* t = f.tab + 2048 + 16 * cw[0];
-        __m256 v = _mm256_xor_ps(_mm256_add_ps(_mm256_load_ps(f.tab + 8 * cw[1]), _mm256_load_ps(t + 8)), _mm256_load_ps(t));
-        return _mm256_mul_ps(v, _mm256_broadcast_ss(r.sc + f.quarter[c]));
+        const uint32_t w = ld16(r.p + 2 * c);                         // one load: low byte sign bits and shift, high byte pattern
+        const float* t = f.tab + 2048 + 16 * (w & 255);
+        return _mm256_xor_ps(_mm256_add_ps(_mm256_load_ps(f.tab + 8 * (w >> 8)), _mm256_load_ps(t + 8)), _mm256_load_ps(t));
     }
 };
-struct Q8 {                                 // 8 int8 -> float, times the block's fp16 scale
+struct Q8 {                                 // 8 int8 -> float; the block's fp16 scale
+    static constexpr bool scaled = true;
     struct R { const uint8_t* p; };
     static inline void prep(const uint8_t*, int64_t, int, const Fmt&, float*) {}
     static inline R row(const uint8_t* p, const Fmt&, const float*, int) { return R{p}; }
+    static inline __m256 scale(const R& r, int b, const Fmt&) { return bcast_f16(r.p + 34 * b); }
     static inline __m256 load8(const R& r, int c, const Fmt&) {
-        const uint8_t* b = r.p + 34 * (c >> 2);
-        __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(b + 2 + 8 * (c & 3))));
-        return _mm256_mul_ps(_mm256_cvtepi32_ps(w), bcast_f16(b));
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(r.p + 34 * (c >> 2) + 2 + 8 * (c & 3)))));
     }
 };
 struct Q4 {                                 // element j: low nibble of byte j (j < 16), else high nibble of byte j - 16
+    static constexpr bool scaled = true;
     struct R { const uint8_t* p; };
     static inline void prep(const uint8_t*, int64_t, int, const Fmt&, float*) {}
     static inline R row(const uint8_t* p, const Fmt&, const float*, int) { return R{p}; }
+    static inline __m256 scale(const R& r, int b, const Fmt&) { return bcast_f16(r.p + 18 * b); }
     static inline __m256 load8(const R& r, int c, const Fmt&) {
-        const uint8_t* b = r.p + 18 * (c >> 2);
-        __m256i w = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(b + 2 + 8 * (c & 1))));
+        __m256i w = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(r.p + 18 * (c >> 2) + 2 + 8 * (c & 1))));
         w = (c & 2) ? _mm256_srli_epi32(w, 4) : _mm256_and_si256(w, _mm256_set1_epi32(15));
-        return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(w, _mm256_set1_epi32(8))), bcast_f16(b));
+        return _mm256_cvtepi32_ps(_mm256_sub_epi32(w, _mm256_set1_epi32(8)));
     }
 };
-template<int BITS> struct TBQ {             // 8 packed indices -> centroids by a register permute, times the block's fp16 scale
+template<int BITS> struct TBQ {             // 8 packed indices -> centroids by a register permute; the block's fp16 scale
+    static constexpr bool scaled = true;
     struct R { const uint8_t* p; };
     static inline void prep(const uint8_t*, int64_t, int, const Fmt&, float*) {}
     static inline R row(const uint8_t* p, const Fmt&, const float*, int) { return R{p}; }
+    static inline __m256 scale(const R& r, int b, const Fmt& f) { return bcast_f16(r.p + f.block_bytes * b); }
     static inline __m256 load8(const R& r, int c, const Fmt& f) {
-        int64_t per = f.block / 8, bk = c / per, j = c - bk * per;     // chunk j of block bk
+        const int bk = f.blk[c], j = c - f.sb[bk];                    // chunk j of block bk (no division per group)
         const uint8_t* b = r.p + f.block_bytes * bk;
         const uint8_t* ix = b + 2 + j * BITS;                        // 8 indices = BITS bytes
-        uint32_t w = 0; memcpy(&w, ix, BITS);
+        // in a register: a 3-byte memcpy into a stack word, read back as 4, stalled store forwarding (4x the rest of the loop)
+        const uint32_t w = BITS == 2 ? (uint32_t)ld16(ix) : BITS == 3 ? (uint32_t)ld16(ix) | (uint32_t)ix[2] << 16 : ((uint32_t)ld16(ix) | (uint32_t)ld16(ix + 2) << 16);
         const __m256i sh = BITS == 4 ? _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28) : BITS == 3 ? _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21)
                                                                                     : _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
         __m256i id = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w), sh), _mm256_set1_epi32((1 << BITS) - 1));
@@ -171,7 +191,7 @@ template<int BITS> struct TBQ {             // 8 packed indices -> centroids by 
             __m256 hi = _mm256_permutevar8x32_ps(_mm256_loadu_ps(f.tab + 8), id);
             v = _mm256_blendv_ps(v, hi, _mm256_castsi256_ps(_mm256_slli_epi32(id, 28)));
         }
-        return _mm256_mul_ps(v, bcast_f16(b));
+        return v;
     }
 };
 
@@ -204,11 +224,16 @@ template<class F, int G> static void score(const Fmt& f, const uint8_t* base, in
         for (int k = 0; k < 8; ++k) acc[k] = _mm256_setzero_ps();
         typename F::R rr[RB];
         for (int r = 0; r < RB; ++r) rr[r] = F::row(base + (i + r) * stride, f, sc, i + r);
-        for (int c = 0; c < C; ++c)
-            for (int r = 0; r < RB; ++r) {
-                __m256 k = F::load8(rr[r], c, f);
-                for (int g = 0; g < G; ++g) acc[r * G + g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * f.D + 8 * c), k, acc[r * G + g]);
-            }
+        for (int b = 0; b < f.nsb; ++b) {               // the block's scale once per row, not per group
+            __m256 s8[RB];
+            for (int r = 0; r < RB; ++r) s8[r] = F::scale(rr[r], b, f);
+            for (int c = f.sb[b]; c < f.sb[b + 1]; ++c)
+                for (int r = 0; r < RB; ++r) {
+                    __m256 k = F::load8(rr[r], c, f);
+                    if (F::scaled) k = _mm256_mul_ps(k, s8[r]);
+                    for (int g = 0; g < G; ++g) acc[r * G + g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * f.D + 8 * c), k, acc[r * G + g]);
+                }
+        }
         alignas(32) float t[8];
         _mm256_store_ps(t, hsum8(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]));
         for (int r = 0; r < RB; ++r) for (int g = 0; g < G; ++g) s[g * BLK + i + r] = t[r * G + g];
@@ -218,6 +243,7 @@ template<class F, int G> static void score(const Fmt& f, const uint8_t* base, in
         for (int g = 0; g < G; ++g) acc[g] = _mm256_setzero_ps();
         typename F::R r = F::row(base + i * stride, f, sc, i);
         for (int c = 0; c < C; ++c) { __m256 k = F::load8(r, c, f);
+            if (F::scaled) k = _mm256_mul_ps(k, F::scale(r, f.blk[c], f));
             for (int g = 0; g < G; ++g) acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * f.D + 8 * c), k, acc[g]); }
         for (int g = 0; g < G; ++g) s[g * BLK + i] = hsum(acc[g]);
     }
@@ -234,12 +260,15 @@ template<class F, int G> static void accum(const Fmt& f, const uint8_t* base, in
     for (; c0 + CB <= C; c0 += CB) {
         __m256 a[G][CB];
         for (int g = 0; g < G; ++g) for (int k = 0; k < CB; ++k) a[g][k] = _mm256_loadu_ps(acc + g * f.D + 8 * (c0 + k));
+        const bool one = f.blk[c0] == f.blk[c0 + CB - 1];   // the chunk's groups share a scale: once per row
         for (int i = 0; i < n; ++i) {
             if (c0 == 0) prefetch_rows(base, stride, f.row_bytes, std::min(n, i + AHEAD), std::min(n, i + AHEAD + 1));
             typename F::R r = F::row(base + i * stride, f, sc, i);
             __m256 w[G];
             for (int g = 0; g < G; ++g) w[g] = _mm256_broadcast_ss(p + g * BLK + i);
+            __m256 s8 = F::scaled && one ? F::scale(r, f.blk[c0], f) : _mm256_setzero_ps();
             for (int k = 0; k < CB; ++k) { __m256 v = F::load8(r, c0 + k, f);
+                if (F::scaled) v = _mm256_mul_ps(v, one ? s8 : F::scale(r, f.blk[c0 + k], f));
                 for (int g = 0; g < G; ++g) a[g][k] = _mm256_fmadd_ps(w[g], v, a[g][k]); }
         }
         for (int g = 0; g < G; ++g) for (int k = 0; k < CB; ++k) _mm256_storeu_ps(acc + g * f.D + 8 * (c0 + k), a[g][k]);
@@ -248,6 +277,7 @@ template<class F, int G> static void accum(const Fmt& f, const uint8_t* base, in
         __m256 a[G];
         for (int g = 0; g < G; ++g) a[g] = _mm256_loadu_ps(acc + g * f.D + 8 * c0);
         for (int i = 0; i < n; ++i) { typename F::R r = F::row(base + i * stride, f, sc, i); __m256 v = F::load8(r, c0, f);
+            if (F::scaled) v = _mm256_mul_ps(v, F::scale(r, f.blk[c0], f));
             for (int g = 0; g < G; ++g) a[g] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + g * BLK + i), v, a[g]); }
         for (int g = 0; g < G; ++g) _mm256_storeu_ps(acc + g * f.D + 8 * c0, a[g]);
     }
@@ -350,7 +380,7 @@ static Blk next_block(const Args& a, const Fmt* wf, int64_t b, int64_t p, int64_
 // (the kernels prefetch a few rows ahead of the one they read)
 static void item(const Args& a, Ctx& cx, int64_t b, int64_t p0, int64_t p1, float* w) {
     const int64_t H = a.H, D = a.D, G = a.Gp, W = G * (D + 2);
-    Fmt wf = {FMT_BF16, D, 0, 0, nullptr, {0}, 2 * D};
+    Fmt wf; memset(&wf, 0, sizeof wf); wf.kind = FMT_BF16; wf.D = D; wf.row_bytes = 2 * D; wf.nsb = 1; wf.sb[1] = (int32_t)(D / 8);
     for (int64_t h = 0; h < H; ++h) {
         float* wh = w + h * W;
         for (int64_t g = 0; g < G; ++g) { wh[g] = -INFINITY; wh[G + g] = 0; }
@@ -372,8 +402,8 @@ static void item(const Args& a, Ctx& cx, int64_t b, int64_t p0, int64_t p1, floa
 extern "C" int hqkv_cpu_decode(const Args* ap, float* work) {   // work: [items, H, Gp, D + 2] floats
     Args a = *ap;
     if (g_isa < 0) hqkv_cpu_isa(-1);
-    Fmt kf = *a.kf, vf = *a.vf;
-    kf.row_bytes = a.k_row_bytes; vf.row_bytes = a.v_row_bytes; a.kf = &kf; a.vf = &vf;
+    Fmt kf = with_blocks(a.kf, a.k_row_bytes), vf = with_blocks(a.vf, a.v_row_bytes);
+    a.kf = &kf; a.vf = &vf;
     auto rows_for = [&](int64_t bytes) { return std::max<int64_t>(8, std::min<int64_t>(BLK, (131072 / (a.H * bytes)) & ~7)); };
     a.block_rows = rows_for(a.k_row_bytes + a.v_row_bytes); a.window_block_rows = rows_for(4 * a.D);   // window rows are bf16
     const int64_t H = a.H, G = a.Gp, D = a.D, W = G * (D + 2);

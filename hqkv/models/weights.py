@@ -53,6 +53,10 @@ def linear_int8(x:Tensor, # float32 [M, K]
     if w.shape != (N, K) or s.shape != (N, K // GROUP) or K % GROUP:
         raise ValueError(f"linear_int8: x {tuple(x.shape)}, w {tuple(w.shape)} and scales {tuple(s.shape)} do not fit (K a multiple of {GROUP})")
     if not all(t.device.type == "cpu" and t.is_contiguous() for t in (x, w, s)): raise ValueError("linear_int8 takes contiguous CPU tensors")
+    return _linear_int8(x, w, s)
+
+def _linear_int8(x, w, s):   # checked by the caller (`Int8Linear` checks its buffers once)
+    M, K = x.shape; N = w.shape[0]
     y, th, l = torch.empty(M, N), torch.get_num_threads(), _lib()
     if M <= DIRECT_ROWS:
         l.hqkv_linear_int8(x.data_ptr(), M, K, w.data_ptr(), s.data_ptr(), N, y.data_ptr(), th)
@@ -74,7 +78,8 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight_int8", q); self.register_buffer("scales", s)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float(), requires_grad=False)
     def forward(self, x:Tensor) -> Tensor:
-        y = linear_int8(x.reshape(-1, self.in_features).float().contiguous(), self.weight_int8, self.scales)
+        if x.device.type != "cpu" or self.weight_int8.device.type != "cpu": raise ValueError(f"Int8Linear runs on CPU, got an input on {x.device}")
+        y = _linear_int8(x.reshape(-1, self.in_features).float().contiguous(), self.weight_int8, self.scales)
         y = y.reshape(*x.shape[:-1], self.out_features)
         return (y if self.bias is None else y + self.bias).to(x.dtype)
     def extra_repr(self): return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, int8 per {GROUP}"
