@@ -28,7 +28,7 @@ def _engine(cfg:EngineConfig):
     "A command's engine; engine.max_context left at its default is cut to the model's own context (SmolLM2-135M: 8,192, not 32,768)."
     from hqkv.engine import Engine, load_model
     if cfg.sources.get("max_context", "default") == "default":
-        lm = load_model(cfg.model, cfg.dtype, cfg.device)            # loaded once per process: Engine finds it again
+        lm = load_model(cfg.model, cfg.dtype, cfg.device, cfg.weights)   # loaded once per process: Engine finds it again
         if cfg.max_context > lm.max_position: cfg = dataclasses.replace(cfg, max_context=lm.max_position)
     return Engine(cfg)
 

@@ -97,13 +97,13 @@ def memory_bytes(device:str) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 def load_model(spec:str, dtype:str="float32", device:str="cpu",
-               weights:str="fp32") -> LoadedLM: # engine.weights: 'int8' is a copy with int8 linear layers (`hqkv.models.weights`)
+               weights:str="fp32") -> LoadedLM: # engine.weights: 'int8' ('auto' where it applies) is a copy with int8 linear layers (`hqkv.models.weights`)
     "The model `model.path` names, loaded once per process and weights setting (`hqkv.models.load.load_causal_lm`)."
     check_device(device)
     key = (str(spec), dtype, str(torch.device(device)), weights)
     if key not in _MODELS:
         lm = load_causal_lm(spec, _DTYPES[dtype], device)
-        quantize_weights(lm.model, weights)       # fp32: as loaded; a setting it cannot apply: ValueError
+        quantize_weights(lm.model, weights)       # fp32: as loaded; int8 where it cannot apply: ValueError; auto: int8 where it applies
         _MODELS[key] = lm
     return _MODELS[key]
 
@@ -137,7 +137,7 @@ class Engine:
         cfg = EngineConfig.resolve(flags) if config is None else (dataclasses.replace(config, **flags) if flags else config)
         if not isinstance(cfg, EngineConfig): raise TypeError(f"config must be an EngineConfig, got {type(cfg).__name__}")
         if model is None: model = load_model(cfg.model, cfg.dtype, cfg.device, cfg.weights)
-        elif isinstance(model, LoadedLM) and weights_of(model) != cfg.weights:
+        elif isinstance(model, LoadedLM) and cfg.weights != "auto" and weights_of(model) != cfg.weights:
             raise ValueError(f"the model given has {weights_of(model)} weights, the config asks for engine.weights={cfg.weights}: "
                              "pass no model (the engine loads it that way) or `hqkv.engine.load_model(..., weights=...)`'s")
         elif isinstance(model, LoadedLM): cfg = dataclasses.replace(cfg, model=model.name if model.name in (DEFAULT_MODEL, *PACKAGED_MODELS) else model.source)
@@ -214,7 +214,7 @@ def plan_line(self:Engine) -> str:
     c = self.config
     return (f"{self.pool.plan_line()} state_per_lane={self.plan.state_bytes} lanes={c.max_batch} model={self.lm.name} key_profile={self.key_profile} "
             f"bit_plan={self.bit_plan} prefill_chunk={c.prefill_chunk} step_tokens={c.step_tokens or 'none'} prefix_reuse={self.prefix_reuse}"
-            + ("" if c.weights == "fp32" else f" weights={c.weights}"))
+            + ("" if weights_of(self.lm) == "fp32" else " weights=int8"))
 
 @patch
 def reconfigure(self:Engine, **changes) -> EngineConfig:

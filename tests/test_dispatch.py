@@ -28,7 +28,7 @@ CHILD = textwrap.dedent('''
     from hqkv.models.load import load_causal_lm
     from hqkv.models.identity import DEFAULT_MODEL
     hf = load_causal_lm(DEFAULT_MODEL).model
-    eng = Engine(kv_format="bf16", kv_pool_bytes="4Ktok", max_context=512, prefill_chunk=64, max_batch=8)
+    eng = Engine(kv_format="bf16", kv_pool_bytes="4Ktok", max_context=512, prefill_chunk=64, max_batch=8, weights="fp32")   # the oracle's weights
     prompts = [eng.encode(t) for t in ("The capital of France is", "Once upon a time", "Q: What is 2+2?\\nA:", "def fibonacci(n):")]
     alone = [eng.generate(p, max_new_tokens=6, stop=set()).output_ids for p in prompts]
     together = [r.output_ids for r in eng.generate(prompts, max_new_tokens=6, stop=set())]

@@ -12,10 +12,11 @@ from torch import Tensor, nn
 from ..attention_cpu import build
 
 # %% auto #0
-__all__ = ['WEIGHTS', 'GROUP', 'DIRECT_ROWS', 'quantize_int8', 'linear_int8', 'Int8Linear', 'weight_bytes', 'quantize_weights']
+__all__ = ['WEIGHTS', 'GROUP', 'DIRECT_ROWS', 'quantize_int8', 'linear_int8', 'Int8Linear', 'weight_bytes', 'int8_refusal',
+           'quantize_weights']
 
 # %% ../../nbs/16a_models.weights.ipynb #a4cf0c34
-WEIGHTS = ("fp32", "int8")   # engine.weights
+WEIGHTS = ("auto", "fp32", "int8")   # engine.weights (auto: int8 where it applies, `int8_refusal`)
 GROUP = 32                   # weights per scale
 DIRECT_ROWS = 32             # up to this many activation rows the kernel reads the int8 weights directly
 
@@ -92,17 +93,24 @@ def weight_bytes(model:nn.Module) -> int:
         if t.data_ptr() not in seen: seen.add(t.data_ptr()); n += t.numel() * t.element_size()
     return n
 
+def _linears(model): return [(m, n, c, f"{pn}.{n}".lstrip(".")) for pn, m in model.named_modules() for n, c in m.named_children() if type(c) is nn.Linear]
+
+def int8_refusal(model:nn.Module) -> str|None: # None: int8 weights apply
+    "Why `model`'s linear layers cannot be int8 (a sentence), or None."
+    p = next(model.parameters())
+    if p.device.type != "cpu" or p.dtype != torch.float32:
+        return f"int8 weights are for float32 models on CPU, this one is {p.dtype} on {p.device}"
+    bad = [name for *_, c, name in _linears(model) if c.in_features % GROUP]
+    if bad: return f"int8 weights need linear layers whose input size is a multiple of {GROUP}; {', '.join(bad[:3])} are not"
+
 def quantize_weights(model:nn.Module, # a float32 model on CPU, changed in place
                      weights:str="int8", # one of `WEIGHTS`
                     ) -> nn.Module:
-    "Every `nn.Linear` of `model` (the output head included) in the `weights` format; embeddings and norms stay float32."
+    "Every `nn.Linear` of `model` (the output head included) in the `weights` format (auto: int8 where `int8_refusal` has nothing against it, else as loaded); embeddings and norms stay float32."
     if weights not in WEIGHTS: raise ValueError(f"engine.weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
     if weights == "fp32": return model
-    p = next(model.parameters())
-    if p.device.type != "cpu" or p.dtype != torch.float32:
-        raise ValueError(f"engine.weights={weights} is for float32 models on CPU, this one is {p.dtype} on {p.device}: use engine.weights=fp32")
-    todo = [(m, n, c, f"{pn}.{n}".lstrip(".")) for pn, m in model.named_modules() for n, c in m.named_children() if type(c) is nn.Linear]
-    bad = [name for *_, c, name in todo if c.in_features % GROUP]
-    if bad: raise ValueError(f"engine.weights=int8 needs linear layers whose input size is a multiple of {GROUP}; {', '.join(bad[:3])} are not: use engine.weights=fp32")
-    for m, n, c, _ in todo: setattr(m, n, Int8Linear(c))
+    why = int8_refusal(model)
+    if why and weights == "auto": return model
+    if why: raise ValueError(f"engine.weights=int8: {why}: use engine.weights=fp32 (or auto)")
+    for m, n, c, _ in _linears(model): setattr(m, n, Int8Linear(c))
     return model
