@@ -22,7 +22,7 @@ from .model_runner import ModelRunner
 from .scheduler import Scheduler, Request, Work, POLICIES
 from .models.identity import DEFAULT_MODEL, text_config
 from .models.load import LoadedLM, load_causal_lm, PACKAGED_MODELS
-from .models.weights import Int8Linear, quantize_weights
+from .models.weights import Int4Linear, Int8Linear, quantize_weights
 from .keyprofile import cache_setup
 from .settings import EngineConfig, SETTINGS, SETTING, env_name, _DTYPES, _int
 from .fixtures import load_text
@@ -97,19 +97,20 @@ def memory_bytes(device:str) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 def load_model(spec:str, dtype:str="float32", device:str="cpu",
-               weights:str="fp32") -> LoadedLM: # engine.weights: 'int8' ('auto' where it applies) is a copy with int8 linear layers (`hqkv.models.weights`)
+               weights:str="fp32") -> LoadedLM: # engine.weights: 'int8'/'int4' ('auto': int8 where it applies) is a copy with quantized linear layers (`hqkv.models.weights`)
     "The model `model.path` names, loaded once per process and weights setting (`hqkv.models.load.load_causal_lm`)."
     check_device(device)
     key = (str(spec), dtype, str(torch.device(device)), weights)
     if key not in _MODELS:
         lm = load_causal_lm(spec, _DTYPES[dtype], device)
-        quantize_weights(lm.model, weights)       # fp32: as loaded; int8 where it cannot apply: ValueError; auto: int8 where it applies
+        quantize_weights(lm.model, weights)       # fp32: as loaded; int8/int4 where they cannot apply: ValueError; auto: int8 where it applies
         _MODELS[key] = lm
     return _MODELS[key]
 
 def weights_of(lm:LoadedLM) -> str:
     "The engine.weights setting a loaded model is in."
-    return "int8" if any(isinstance(m, Int8Linear) for m in lm.model.modules()) else "fp32"
+    kinds = {type(m) for m in lm.model.modules()}
+    return "int4" if Int4Linear in kinds else "int8" if Int8Linear in kinds else "fp32"
 
 _STOP_TOKENS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|endoftext|>")   # turn ends of the chat templates hqkv knows
 
@@ -214,7 +215,7 @@ def plan_line(self:Engine) -> str:
     c = self.config
     return (f"{self.pool.plan_line()} state_per_lane={self.plan.state_bytes} lanes={c.max_batch} model={self.lm.name} key_profile={self.key_profile} "
             f"bit_plan={self.bit_plan} prefill_chunk={c.prefill_chunk} step_tokens={c.step_tokens or 'none'} prefix_reuse={self.prefix_reuse}"
-            + ("" if weights_of(self.lm) == "fp32" else " weights=int8"))
+            + ("" if weights_of(self.lm) == "fp32" else f" weights={weights_of(self.lm)}"))
 
 @patch
 def reconfigure(self:Engine, **changes) -> EngineConfig:

@@ -53,7 +53,7 @@ SETTINGS = (
     Setting("window_recent", "kv.window_recent", "int", 512, "--window-recent", "latest tokens also kept exact (0 and 0: no window)"),
     Setting("device", "engine.device", "str", "cpu", "--device", "where the model and the pool live ('cpu', 'cuda', 'cuda:1')"),
     Setting("dtype", "engine.dtype", "str", "float32", "--dtype", "model weights and activations: float32, bfloat16 or float16"),
-    Setting("weights", "engine.weights", "str", "auto", "--weights", "the linear layers' weights: int8 (one scale per 32 weights; float32 models on CPU), fp32 (as loaded) or auto (int8 where it applies)"),
+    Setting("weights", "engine.weights", "str", "auto", "--weights", "the linear layers' weights: int8 (one scale per 32 weights; float32 models on CPU), int4 (ggml's Q4_0: half int8's bytes, coarser), fp32 (as loaded) or auto (int8 where it applies)"),
     Setting("attn", "engine.attn", "str", None, "--attn", "attention backend: gather, ref, triton or cpu (none: picked per device)", optional=True),
     Setting("key_profile", "kv.key_profile", "str", "auto", "--key-profile", "'auto' (the model's calibrated profile, rotated formats), 'off', or a profile file"),
     Setting("key_formats", "kv.key_formats", "formats", "", "--key-formats", "some layers' keys in their own format, 'LAYER=FORMAT,...' (model layer ids), e.g. '5=tbq3,11=tbq3'"),

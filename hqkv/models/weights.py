@@ -12,13 +12,13 @@ from torch import Tensor, nn
 from ..attention_cpu import build
 
 # %% auto #0
-__all__ = ['WEIGHTS', 'GROUP', 'DIRECT_ROWS', 'quantize_int8', 'linear_int8', 'Int8Linear', 'weight_bytes', 'int8_refusal',
-           'quantize_weights']
+__all__ = ['WEIGHTS', 'GROUP', 'DIRECT_ROWS', 'quantize_int8', 'linear_int8', 'quantize_int4', 'dequantize_int4', 'linear_int4',
+           'Int8Linear', 'Int4Linear', 'weight_bytes', 'int8_refusal', 'quantize_weights']
 
 # %% ../../nbs/16a_models.weights.ipynb #a4cf0c34
-WEIGHTS = ("auto", "fp32", "int8")   # engine.weights (auto: int8 where it applies, `int8_refusal`)
+WEIGHTS = ("auto", "fp32", "int8", "int4")   # engine.weights (auto: int8 where it applies, `int8_refusal`)
 GROUP = 32                   # weights per scale
-DIRECT_ROWS = 32             # up to this many activation rows the kernel reads the int8 weights directly
+DIRECT_ROWS = 32             # up to this many activation rows the kernels read the int8 / int4 weights directly
 
 _LIB = None
 def _lib() -> ctypes.CDLL:
@@ -27,7 +27,8 @@ def _lib() -> ctypes.CDLL:
         l = ctypes.CDLL(str(build(source="csrc/linear_cpu.cpp")))
         P, I = ctypes.c_void_p, ctypes.c_int64
         l.hqkv_linear_int8.argtypes, l.hqkv_linear_int8.restype = [P, I, I, P, P, I, P, I], ctypes.c_int
-        l.hqkv_linear_dequant.argtypes, l.hqkv_linear_dequant.restype = [P, P, I, I, I, P, I], ctypes.c_int
+        l.hqkv_linear_int4.argtypes, l.hqkv_linear_int4.restype = [P, I, I, P, P, I, P, I], ctypes.c_int
+        l.hqkv_linear_dequant.argtypes, l.hqkv_linear_dequant.restype = [P, P, I, I, I, P, I, I], ctypes.c_int
         l.hqkv_linear_isa.argtypes, l.hqkv_linear_isa.restype = [ctypes.c_int], ctypes.c_int
         l.hqkv_linear_isa(-1)
         _LIB = l
@@ -54,36 +55,71 @@ def linear_int8(x:Tensor, # float32 [M, K]
     if w.shape != (N, K) or s.shape != (N, K // GROUP) or K % GROUP:
         raise ValueError(f"linear_int8: x {tuple(x.shape)}, w {tuple(w.shape)} and scales {tuple(s.shape)} do not fit (K a multiple of {GROUP})")
     if not all(t.device.type == "cpu" and t.is_contiguous() for t in (x, w, s)): raise ValueError("linear_int8 takes contiguous CPU tensors")
-    return _linear_int8(x, w, s)
+    return _linear(x, w, s, 8)
 
-def _linear_int8(x, w, s):   # checked by the caller (`Int8Linear` checks its buffers once)
+def _linear(x, w, s, bits:int):   # checked by the caller (`Int8Linear` and `Int4Linear` check their buffers once)
     M, K = x.shape; N = w.shape[0]
     y, th, l = torch.empty(M, N), torch.get_num_threads(), _lib()
     if M <= DIRECT_ROWS:
-        l.hqkv_linear_int8(x.data_ptr(), M, K, w.data_ptr(), s.data_ptr(), N, y.data_ptr(), th)
+        (l.hqkv_linear_int8 if bits == 8 else l.hqkv_linear_int4)(x.data_ptr(), M, K, w.data_ptr(), s.data_ptr(), N, y.data_ptr(), th)
         return y
     buf = torch.empty(min(N, 2048), K)
     for n0 in range(0, N, 2048):
         n1 = min(N, n0 + 2048)
-        l.hqkv_linear_dequant(w.data_ptr(), s.data_ptr(), K, n0, n1, buf.data_ptr(), th)
+        l.hqkv_linear_dequant(w.data_ptr(), s.data_ptr(), K, n0, n1, buf.data_ptr(), th, bits)
         torch.mm(x, buf[:n1 - n0].T, out=y[:, n0:n1])
     return y
+
+# %% ../../nbs/16a_models.weights.ipynb #0eb2f41d
+def quantize_int4(w:Tensor, # float [N, K], K a multiple of `GROUP`
+                 ) -> tuple[Tensor, Tensor]: # uint8 [N, K // 2] (two weights a byte), float32 scales [N, K // GROUP]
+    "ggml's Q4_0 per group of `GROUP` weights: scale = the largest-magnitude weight / -8, q = round(w / scale) in -8..7, stored + 8."
+    N, K = w.shape
+    if K % GROUP: raise ValueError(f"int4 weights need rows whose length is a multiple of {GROUP}, got {K}")
+    g = w.detach().float().reshape(N, K // GROUP, GROUP)
+    m = g.gather(-1, g.abs().argmax(-1, keepdim=True)).squeeze(-1)
+    s = torch.where(m == 0, torch.finfo(torch.float32).tiny, m / -8)
+    q = (torch.round(g / s[..., None]).clamp(-8, 7) + 8).to(torch.uint8)
+    return (q[..., :16] | q[..., 16:] << 4).reshape(N, K // 2).contiguous(), s.contiguous()
+
+def dequantize_int4(q:Tensor, s:Tensor) -> Tensor: # float32 [N, K]
+    "The weights `quantize_int4` stored, as float32."
+    N = q.shape[0]; b = q.reshape(N, -1, 16)
+    return (torch.cat([b & 15, b >> 4], -1).float() - 8).mul(s[..., None]).reshape(N, -1)
+
+def linear_int4(x:Tensor, # float32 [M, K]
+                w:Tensor, # uint8 [N, K // 2] from `quantize_int4`
+                s:Tensor, # float32 [N, K // GROUP]
+               ) -> Tensor: # float32 [M, N]
+    "The product with int4 weights on CPU: the integer kernel (activations as int8 per block of 32) up to `DIRECT_ROWS` rows of `x`, beyond that float32 copies of the weights through `torch.mm`."
+    M, K = x.shape; N = w.shape[0]
+    if w.dtype != torch.uint8 or s.dtype != torch.float32 or x.dtype != torch.float32:
+        raise TypeError(f"linear_int4 takes float32 x, uint8 (packed int4) w and float32 scales, got {x.dtype}, {w.dtype}, {s.dtype}")
+    if w.shape != (N, K // 2) or s.shape != (N, K // GROUP) or K % GROUP:
+        raise ValueError(f"linear_int4: x {tuple(x.shape)}, w {tuple(w.shape)} and scales {tuple(s.shape)} do not fit (K a multiple of {GROUP})")
+    if not all(t.device.type == "cpu" and t.is_contiguous() for t in (x, w, s)): raise ValueError("linear_int4 takes contiguous CPU tensors")
+    return _linear(x, w, s, 4)
 
 # %% ../../nbs/16a_models.weights.ipynb #b1e2c3d7
 class Int8Linear(nn.Module):
     "An `nn.Linear` whose weight is int8, one float32 scale per `GROUP` weights of a row, run by `linear_int8`."
+    bits = 8
     def __init__(self, linear:nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        q, s = quantize_int8(linear.weight)
-        self.register_buffer("weight_int8", q); self.register_buffer("scales", s)
+        q, s = (quantize_int8 if self.bits == 8 else quantize_int4)(linear.weight)
+        self.register_buffer("weight_q", q); self.register_buffer("scales", s)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float(), requires_grad=False)
     def forward(self, x:Tensor) -> Tensor:
-        if x.device.type != "cpu" or self.weight_int8.device.type != "cpu": raise ValueError(f"Int8Linear runs on CPU, got an input on {x.device}")
-        y = _linear_int8(x.reshape(-1, self.in_features).float().contiguous(), self.weight_int8, self.scales)
+        if x.device.type != "cpu" or self.weight_q.device.type != "cpu": raise ValueError(f"{type(self).__name__} runs on CPU, got an input on {x.device}")
+        y = _linear(x.reshape(-1, self.in_features).float().contiguous(), self.weight_q, self.scales, self.bits)
         y = y.reshape(*x.shape[:-1], self.out_features)
         return (y if self.bias is None else y + self.bias).to(x.dtype)
-    def extra_repr(self): return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, int8 per {GROUP}"
+    def extra_repr(self): return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, int{self.bits} per {GROUP}"
+
+class Int4Linear(Int8Linear):
+    "An `nn.Linear` whose weight is int4, two weights a byte with one float32 scale per `GROUP` (`quantize_int4`), run by `linear_int4`."
+    bits = 4
 
 # %% ../../nbs/16a_models.weights.ipynb #9117bd18
 def weight_bytes(model:nn.Module) -> int:
@@ -95,13 +131,13 @@ def weight_bytes(model:nn.Module) -> int:
 
 def _linears(model): return [(m, n, c, f"{pn}.{n}".lstrip(".")) for pn, m in model.named_modules() for n, c in m.named_children() if type(c) is nn.Linear]
 
-def int8_refusal(model:nn.Module) -> str|None: # None: int8 weights apply
-    "Why `model`'s linear layers cannot be int8 (a sentence), or None."
+def int8_refusal(model:nn.Module) -> str|None: # None: int8 (and int4) weights apply
+    "Why `model`'s linear layers cannot be int8 or int4 (a sentence), or None."
     p = next(model.parameters())
     if p.device.type != "cpu" or p.dtype != torch.float32:
-        return f"int8 weights are for float32 models on CPU, this one is {p.dtype} on {p.device}"
+        return f"int8 and int4 weights are for float32 models on CPU, this one is {p.dtype} on {p.device}"
     bad = [name for *_, c, name in _linears(model) if c.in_features % GROUP]
-    if bad: return f"int8 weights need linear layers whose input size is a multiple of {GROUP}; {', '.join(bad[:3])} are not"
+    if bad: return f"int8 and int4 weights need linear layers whose input size is a multiple of {GROUP}; {', '.join(bad[:3])} are not"
 
 def quantize_weights(model:nn.Module, # a float32 model on CPU, changed in place
                      weights:str="int8", # one of `WEIGHTS`
@@ -111,6 +147,6 @@ def quantize_weights(model:nn.Module, # a float32 model on CPU, changed in place
     if weights == "fp32": return model
     why = int8_refusal(model)
     if why and weights == "auto": return model
-    if why: raise ValueError(f"engine.weights=int8: {why}: use engine.weights=fp32 (or auto)")
-    for m, n, c, _ in _linears(model): setattr(m, n, Int8Linear(c))
+    if why: raise ValueError(f"engine.weights={weights}: {why}: use engine.weights=fp32 (or auto)")
+    for m, n, c, _ in _linears(model): setattr(m, n, (Int4Linear if weights == "int4" else Int8Linear)(c))
     return model
