@@ -79,8 +79,8 @@ bench: $(STAMP) bench-texts
 bench-engine: $(STAMP)
 	$(BIN)/nbdev-test --n-workers 1 --flags slow --timing --cell-timeout 5400 nbs/studies/53a_engine_context.ipynb
 
-## bench-weights: int8 against float32 weights on three real models: KLD, top-1 and greedy agreement; decode and prefill
-## tokens/s at 1K against transformers' own forward (nbs/16a_models.weights' slow cells -> nbs/results/weights_int8.json)
+## bench-weights: int8 and int4 against float32 weights on three real models: KLD, top-1 and greedy agreement; decode and prefill
+## tokens/s at 1K against transformers' own forward (nbs/16a_models.weights' slow cells -> nbs/results/weights.json)
 bench-weights: $(STAMP)
 	$(BIN)/nbdev-test --n-workers 1 --flags slow --timing --cell-timeout 3600 nbs/16a_models.weights.ipynb
 
