@@ -174,11 +174,12 @@ def _eval_run(args)->int:
     t0 = time.perf_counter()
     if args.task == "kld":
         if args.score_last > min(contexts): raise ValueError(f"--score-last {args.score_last} is longer than --context {min(contexts)}")
-        recs = run_kld(model, ids, contexts, args.windows, vs, chunk, args.score_last, prof, log=None, regime=args.regime)
+        recs = run_kld(model, ids, contexts, args.windows, vs, chunk, args.score_last, profile=prof, log=None, regime=args.regime)
         meta.update(windows=args.windows, score_last=args.score_last)
         rows = summarize(recs, geometry=geometry)
     else:
-        recs = run_niah(model, ids, contexts, args.depths, ([] if args.no_oracle else [ORACLE]) + vs, args.trials, args.seed, chunk, prof, log=None, regime=args.regime)
+        recs = run_niah(model, ids, contexts, args.depths, ([] if args.no_oracle else [ORACLE]) + vs, args.trials, args.seed, chunk, profile=prof, log=None,
+                        regime=args.regime)
         meta.update(depths=args.depths, trials=args.trials, seed=args.seed)
         rows = summarize([], recs, geometry=geometry)
     meta["seconds"] = round(time.perf_counter() - t0, 1)
