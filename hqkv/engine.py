@@ -138,7 +138,7 @@ class Engine:
         cfg = EngineConfig.resolve(flags) if config is None else (dataclasses.replace(config, **flags) if flags else config)
         if not isinstance(cfg, EngineConfig): raise TypeError(f"config must be an EngineConfig, got {type(cfg).__name__}")
         if model is None: model = load_model(cfg.model, cfg.dtype, cfg.device, cfg.weights)
-        elif isinstance(model, LoadedLM) and cfg.weights != "auto" and weights_of(model) != cfg.weights:
+        elif isinstance(model, LoadedLM) and cfg.weights not in ("auto", weights_of(model)) and (cfg.weights, weights_of(model)) != ("int4", "int8"):
             raise ValueError(f"the model given has {weights_of(model)} weights, the config asks for engine.weights={cfg.weights}: "
                              "pass no model (the engine loads it that way) or `hqkv.engine.load_model(..., weights=...)`'s")
         elif isinstance(model, LoadedLM): cfg = dataclasses.replace(cfg, model=model.name if model.name in (DEFAULT_MODEL, *PACKAGED_MODELS) else model.source)

@@ -2,9 +2,9 @@
 // Built on first use by hqkv.models.weights (nbs/16a_models.weights.ipynb: the maths, the tests and the
 // measurements live there). A decode step reads every weight once, so the product is bound by memory.
 // int8: the weights (one float32 scale per 32 of a row, as ggml's Q8_0) are widened to float32 in registers,
-// 8 at a time, against float32 activations. int4 (ggml's Q4_0 layout, half the bytes again): the activations
-// are quantized once per call to int8 per block of 32 and the products are integer (u8 x s8 pairs summed by
-// maddubs), one float multiply-add per block. A few activation rows share each weight row.
+// 8 at a time, against float32 activations. int4 (ggml's Q4_1: w = d q + m, q in 0..15, a float32 scale and min
+// per 32): the activations are quantized once per call to int8 per block of 32 and the products are integer
+// (u8 x s8 pairs summed by maddubs), one float multiply-add per block. A few activation rows share each weight row.
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
@@ -30,8 +30,8 @@ static void rows_portable(const float* x, int64_t M, int64_t K, const int8_t* w,
 }
 
 // ---------------------------------------------------------------- int4
-// a block of 32 weights is 16 bytes: byte j holds weight j + 8 in its low nibble and weight j + 16, + 8, in its high one
-struct XQ { std::vector<int8_t> q; std::vector<float> d, c; };   // activations [M, K] as int8, per block: scale, 8 * scale * sum(q)
+// a block of 32 weights is 16 bytes: byte j holds q of weight j in its low nibble and q of weight j + 16 in its high one
+struct XQ { std::vector<int8_t> q; std::vector<float> d, c; };   // activations [M, K] as int8, per block: scale, scale * sum(q)
 static void quant_x(const float* x, int64_t M, int64_t K, XQ& o) {   // per block of 32: scale max|x| / 127, round to nearest
     const int64_t G = K / GS;
     o.q.resize(M * K); o.d.resize(M * G); o.c.resize(M * G);
@@ -40,19 +40,19 @@ static void quant_x(const float* x, int64_t M, int64_t K, XQ& o) {   // per bloc
         for (int j = 0; j < GS; ++j) amax = std::max(amax, fabsf(xb[j]));
         const float d = amax / 127, inv = amax > 0 ? 127 / amax : 0; int32_t sum = 0;
         for (int j = 0; j < GS; ++j) { int v = (int)nearbyintf(xb[j] * inv); v = std::min(127, std::max(-127, v)); o.q[b * GS + j] = (int8_t)v; sum += v; }
-        o.d[b] = d; o.c[b] = 8 * d * (float)sum;
+        o.d[b] = d; o.c[b] = d * (float)sum;
     }
 }
-static void rows4_portable(const XQ& xq, int64_t M, int64_t K, const uint8_t* w, const float* s, int64_t n0, int64_t n1, int64_t N, float* y) {
+static void rows4_portable(const XQ& xq, int64_t M, int64_t K, const uint8_t* w, const float* s, const float* mn, int64_t n0, int64_t n1, int64_t N, float* y) {
     const int64_t G = K / GS;
     for (int64_t n = n0; n < n1; ++n) {
-        const uint8_t* wn = w + n * (K / 2); const float* sn = s + n * G;
+        const uint8_t* wn = w + n * (K / 2); const float* sn = s + n * G; const float* mnn = mn + n * G;
         for (int64_t m = 0; m < M; ++m) {
             float a = 0;
             for (int64_t g = 0; g < G; ++g) {
                 const uint8_t* b = wn + 16 * g; const int8_t* xb = xq.q.data() + m * K + g * GS; int32_t t = 0;
                 for (int j = 0; j < 16; ++j) t += (b[j] & 15) * xb[j] + (b[j] >> 4) * xb[j + 16];
-                a += sn[g] * (xq.d[m * G + g] * (float)t - xq.c[m * G + g]);
+                a += sn[g] * xq.d[m * G + g] * (float)t + mnn[g] * xq.c[m * G + g];
             }
             y[m * N + n] = a;
         }
@@ -92,14 +92,14 @@ template<int MT> static void rows(const float* x, int64_t K, const int8_t* w, co
     }
 }
 // int4: MT activation rows (xq rows m0..) against weight rows [n0, n1); per block the nibbles -> 32 bytes (0..15), maddubs with the
-// int8 activations, pairs summed to int32, one FMA with the two scales; the + 8 of every weight is taken back once per row
-template<int MT> static void rows4(const XQ& xq, int64_t m0, int64_t K, const uint8_t* w, const float* s, int64_t n0, int64_t n1, int64_t N, float* y) {
+// int8 activations, pairs summed to int32, one FMA with the two scales; the mins come in once per output, sum_g m[g] d_x[g] sum(q_x)
+template<int MT> static void rows4(const XQ& xq, int64_t m0, int64_t K, const uint8_t* w, const float* s, const float* mn, int64_t n0, int64_t n1, int64_t N, float* y) {
     constexpr int CH = MT == 1 ? 4 : MT == 2 ? 2 : 1;
     const int64_t G = K / GS;
     const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     const int8_t* xr = xq.q.data() + m0 * K; const float* dr = xq.d.data() + m0 * G; const float* cr = xq.c.data() + m0 * G;
     for (int64_t n = n0; n < n1; ++n) {
-        const uint8_t* wn = w + n * (K / 2); const float* sn = s + n * G;
+        const uint8_t* wn = w + n * (K / 2); const float* sn = s + n * G; const float* mnn = mn + n * G;
         if (n + 2 < n1) for (int64_t o = 0; o < K / 2; o += 64) _mm_prefetch((const char*)(wn + K + o), _MM_HINT_T0);
         __m256 a[MT][CH];
         for (int m = 0; m < MT; ++m) for (int c = 0; c < CH; ++c) a[m][c] = _mm256_setzero_ps();
@@ -115,11 +115,11 @@ template<int MT> static void rows4(const XQ& xq, int64_t m0, int64_t K, const ui
         for (int m = 0; m < MT; ++m) {
             __m256 t = a[m][0];
             for (int c = 1; c < CH; ++c) t = _mm256_add_ps(t, a[m][c]);
-            __m256 cv = _mm256_setzero_ps(); int64_t g = 0;         // sum_g s[g] * c[m, g]: the offsets
-            for (; g + 8 <= G; g += 8) cv = _mm256_fmadd_ps(_mm256_loadu_ps(sn + g), _mm256_loadu_ps(cr + m * G + g), cv);
+            __m256 cv = _mm256_setzero_ps(); int64_t g = 0;         // sum_g m[g] * c[m, g]: the mins
+            for (; g + 8 <= G; g += 8) cv = _mm256_fmadd_ps(_mm256_loadu_ps(mnn + g), _mm256_loadu_ps(cr + m * G + g), cv);
             float off = hsum(cv);
-            for (; g < G; ++g) off += sn[g] * cr[m * G + g];
-            y[m * N + n] = hsum(t) - off;
+            for (; g < G; ++g) off += mnn[g] * cr[m * G + g];
+            y[m * N + n] = hsum(t) + off;
         }
     }
 }
@@ -157,8 +157,8 @@ extern "C" int hqkv_linear_int8(const float* x, int64_t M, int64_t K, const int8
     return 0;
 }
 
-// x [M, K] float32, w [N, K / 2] packed int4, s [N, K / 32] float32, y [M, N] float32; K a multiple of 32
-extern "C" int hqkv_linear_int4(const float* x, int64_t M, int64_t K, const uint8_t* w, const float* s, int64_t N, float* y, int64_t threads) {
+// x [M, K] float32, w [N, K / 2] packed int4, s and mn [N, K / 32] float32 (scales, mins), y [M, N] float32; K a multiple of 32
+extern "C" int hqkv_linear_int4(const float* x, int64_t M, int64_t K, const uint8_t* w, const float* s, const float* mn, int64_t N, float* y, int64_t threads) {
     if (K % GS) return 1;
     if (g_isa < 0) hqkv_linear_isa(-1);
     XQ xq; quant_x(x, M, K, xq);              // once per call, shared by every thread
@@ -167,20 +167,20 @@ extern "C" int hqkv_linear_int4(const float* x, int64_t M, int64_t K, const uint
     #pragma omp parallel for schedule(static) num_threads((int)threads) if (threads > 1)
     for (int64_t it = 0; it < items; ++it) {
         const int64_t n0 = it * NB, n1 = std::min(N, n0 + NB);
-        if (g_isa != 1) { rows4_portable(xq, M, K, w, s, n0, n1, N, y); continue; }
+        if (g_isa != 1) { rows4_portable(xq, M, K, w, s, mn, n0, n1, N, y); continue; }
         for (int64_t m0 = 0; m0 < M; ) {
             const int64_t left = M - m0; float* ym = y + m0 * N;
-            if (left >= 4) { avx::rows4<4>(xq, m0, K, w, s, n0, n1, N, ym); m0 += 4; }
-            else if (left >= 2) { avx::rows4<2>(xq, m0, K, w, s, n0, n1, N, ym); m0 += 2; }
-            else { avx::rows4<1>(xq, m0, K, w, s, n0, n1, N, ym); m0 += 1; }
+            if (left >= 4) { avx::rows4<4>(xq, m0, K, w, s, mn, n0, n1, N, ym); m0 += 4; }
+            else if (left >= 2) { avx::rows4<2>(xq, m0, K, w, s, mn, n0, n1, N, ym); m0 += 2; }
+            else { avx::rows4<1>(xq, m0, K, w, s, mn, n0, n1, N, ym); m0 += 1; }
         }
     }
     return 0;
 }
 
-// w [N, K] int8 (bits 8) or [N, K / 2] packed int4 (bits 4), s [N, K / 32] -> out [N, K] float32 (rows [n0, n1) only): for products
-// with many activation rows, which are compute-bound and go to torch's matrix product a block of rows at a time
-extern "C" int hqkv_linear_dequant(const void* w, const float* s, int64_t K, int64_t n0, int64_t n1, float* out, int64_t threads, int64_t bits) {
+// w [N, K] int8 (bits 8) or [N, K / 2] packed int4 (bits 4, with mins mn), s [N, K / 32] -> out [N, K] float32 (rows [n0, n1) only): for
+// products with many activation rows, which are compute-bound and go to torch's matrix product a block of rows at a time
+extern "C" int hqkv_linear_dequant(const void* w, const float* s, const float* mn, int64_t K, int64_t n0, int64_t n1, float* out, int64_t threads, int64_t bits) {
     if (K % GS || (bits != 8 && bits != 4)) return 1;
     #pragma omp parallel for schedule(static) num_threads((int)threads) if (threads > 1)
     for (int64_t n = n0; n < n1; ++n) {
@@ -189,7 +189,7 @@ extern "C" int hqkv_linear_dequant(const void* w, const float* s, int64_t K, int
         const uint8_t* wn = (const uint8_t*)w + n * (K / 2);
         for (int64_t g = 0; g < K / GS; ++g)
             for (int j = 0; j < 16; ++j) { const uint8_t b = wn[16 * g + j];
-                o[g * GS + j] = (float)((b & 15) - 8) * sn[g]; o[g * GS + j + 16] = (float)((b >> 4) - 8) * sn[g]; }
+                const float m = mn[n * (K / GS) + g]; o[g * GS + j] = (float)(b & 15) * sn[g] + m; o[g * GS + j + 16] = (float)(b >> 4) * sn[g] + m; }
     }
     return 0;
 }

@@ -13,10 +13,10 @@ from ..attention_cpu import build
 
 # %% auto #0
 __all__ = ['WEIGHTS', 'GROUP', 'DIRECT_ROWS', 'quantize_int8', 'linear_int8', 'quantize_int4', 'dequantize_int4', 'linear_int4',
-           'Int8Linear', 'Int4Linear', 'weight_bytes', 'int8_refusal', 'quantize_weights']
+           'Int8Linear', 'Int4Linear', 'weight_bytes', 'int8_refusal', 'int4_keeps', 'quantize_weights']
 
 # %% ../../nbs/16a_models.weights.ipynb #a4cf0c34
-WEIGHTS = ("auto", "fp32", "int8", "int4")   # engine.weights (auto: int8 where it applies, `int8_refusal`)
+WEIGHTS = ("auto", "fp32", "int8", "int4")   # engine.weights (auto: int8 where it applies, `int8_refusal`; int4: where `int4_keeps`, else int8)
 GROUP = 32                   # weights per scale
 DIRECT_ROWS = 32             # up to this many activation rows the kernels read the int8 / int4 weights directly
 
@@ -27,8 +27,8 @@ def _lib() -> ctypes.CDLL:
         l = ctypes.CDLL(str(build(source="csrc/linear_cpu.cpp")))
         P, I = ctypes.c_void_p, ctypes.c_int64
         l.hqkv_linear_int8.argtypes, l.hqkv_linear_int8.restype = [P, I, I, P, P, I, P, I], ctypes.c_int
-        l.hqkv_linear_int4.argtypes, l.hqkv_linear_int4.restype = [P, I, I, P, P, I, P, I], ctypes.c_int
-        l.hqkv_linear_dequant.argtypes, l.hqkv_linear_dequant.restype = [P, P, I, I, I, P, I, I], ctypes.c_int
+        l.hqkv_linear_int4.argtypes, l.hqkv_linear_int4.restype = [P, I, I, P, P, P, I, P, I], ctypes.c_int
+        l.hqkv_linear_dequant.argtypes, l.hqkv_linear_dequant.restype = [P, P, P, I, I, I, P, I, I], ctypes.c_int
         l.hqkv_linear_isa.argtypes, l.hqkv_linear_isa.restype = [ctypes.c_int], ctypes.c_int
         l.hqkv_linear_isa(-1)
         _LIB = l
@@ -57,48 +57,49 @@ def linear_int8(x:Tensor, # float32 [M, K]
     if not all(t.device.type == "cpu" and t.is_contiguous() for t in (x, w, s)): raise ValueError("linear_int8 takes contiguous CPU tensors")
     return _linear(x, w, s, 8)
 
-def _linear(x, w, s, bits:int):   # checked by the caller (`Int8Linear` and `Int4Linear` check their buffers once)
+def _linear(x, w, s, bits:int, mins=None):   # checked by the caller (`Int8Linear` and `Int4Linear` check their buffers once)
     M, K = x.shape; N = w.shape[0]
     y, th, l = torch.empty(M, N), torch.get_num_threads(), _lib()
+    mp = None if mins is None else mins.data_ptr()
     if M <= DIRECT_ROWS:
-        (l.hqkv_linear_int8 if bits == 8 else l.hqkv_linear_int4)(x.data_ptr(), M, K, w.data_ptr(), s.data_ptr(), N, y.data_ptr(), th)
+        if bits == 8: l.hqkv_linear_int8(x.data_ptr(), M, K, w.data_ptr(), s.data_ptr(), N, y.data_ptr(), th)
+        else: l.hqkv_linear_int4(x.data_ptr(), M, K, w.data_ptr(), s.data_ptr(), mp, N, y.data_ptr(), th)
         return y
     buf = torch.empty(min(N, 2048), K)
     for n0 in range(0, N, 2048):
         n1 = min(N, n0 + 2048)
-        l.hqkv_linear_dequant(w.data_ptr(), s.data_ptr(), K, n0, n1, buf.data_ptr(), th, bits)
+        l.hqkv_linear_dequant(w.data_ptr(), s.data_ptr(), mp, K, n0, n1, buf.data_ptr(), th, bits)
         torch.mm(x, buf[:n1 - n0].T, out=y[:, n0:n1])
     return y
 
 # %% ../../nbs/16a_models.weights.ipynb #0eb2f41d
 def quantize_int4(w:Tensor, # float [N, K], K a multiple of `GROUP`
-                 ) -> tuple[Tensor, Tensor]: # uint8 [N, K // 2] (two weights a byte), float32 scales [N, K // GROUP]
-    "ggml's Q4_0 per group of `GROUP` weights: scale = the largest-magnitude weight / -8, q = round(w / scale) in -8..7, stored + 8."
+                 ) -> tuple[Tensor, Tensor, Tensor]: # uint8 [N, K // 2] (two weights a byte), float32 scales and mins [N, K // GROUP]
+    "ggml's Q4_1 per group of `GROUP` weights: min m = the smallest weight, scale d = (largest - m) / 15, q = round((w - m) / d) in 0..15."
     N, K = w.shape
     if K % GROUP: raise ValueError(f"int4 weights need rows whose length is a multiple of {GROUP}, got {K}")
     g = w.detach().float().reshape(N, K // GROUP, GROUP)
-    m = g.gather(-1, g.abs().argmax(-1, keepdim=True)).squeeze(-1)
-    s = torch.where(m == 0, torch.finfo(torch.float32).tiny, m / -8)
-    q = (torch.round(g / s[..., None]).clamp(-8, 7) + 8).to(torch.uint8)
-    return (q[..., :16] | q[..., 16:] << 4).reshape(N, K // 2).contiguous(), s.contiguous()
+    m = g.amin(-1); d = ((g.amax(-1) - m) / 15).clamp_min(torch.finfo(torch.float32).tiny)
+    q = torch.round((g - m[..., None]) / d[..., None]).clamp(0, 15).to(torch.uint8)
+    return (q[..., :16] | q[..., 16:] << 4).reshape(N, K // 2).contiguous(), d.contiguous(), m.contiguous()
 
-def dequantize_int4(q:Tensor, s:Tensor) -> Tensor: # float32 [N, K]
+def dequantize_int4(q:Tensor, s:Tensor, m:Tensor) -> Tensor: # float32 [N, K]
     "The weights `quantize_int4` stored, as float32."
     N = q.shape[0]; b = q.reshape(N, -1, 16)
-    return (torch.cat([b & 15, b >> 4], -1).float() - 8).mul(s[..., None]).reshape(N, -1)
+    return (torch.cat([b & 15, b >> 4], -1).float() * s[..., None] + m[..., None]).reshape(N, -1)
 
 def linear_int4(x:Tensor, # float32 [M, K]
                 w:Tensor, # uint8 [N, K // 2] from `quantize_int4`
-                s:Tensor, # float32 [N, K // GROUP]
+                s:Tensor, m:Tensor, # float32 [N, K // GROUP]: scales and mins
                ) -> Tensor: # float32 [M, N]
     "The product with int4 weights on CPU: the integer kernel (activations as int8 per block of 32) up to `DIRECT_ROWS` rows of `x`, beyond that float32 copies of the weights through `torch.mm`."
     M, K = x.shape; N = w.shape[0]
-    if w.dtype != torch.uint8 or s.dtype != torch.float32 or x.dtype != torch.float32:
-        raise TypeError(f"linear_int4 takes float32 x, uint8 (packed int4) w and float32 scales, got {x.dtype}, {w.dtype}, {s.dtype}")
-    if w.shape != (N, K // 2) or s.shape != (N, K // GROUP) or K % GROUP:
-        raise ValueError(f"linear_int4: x {tuple(x.shape)}, w {tuple(w.shape)} and scales {tuple(s.shape)} do not fit (K a multiple of {GROUP})")
-    if not all(t.device.type == "cpu" and t.is_contiguous() for t in (x, w, s)): raise ValueError("linear_int4 takes contiguous CPU tensors")
-    return _linear(x, w, s, 4)
+    if w.dtype != torch.uint8 or s.dtype != torch.float32 or m.dtype != torch.float32 or x.dtype != torch.float32:
+        raise TypeError(f"linear_int4 takes float32 x, uint8 (packed int4) w and float32 scales and mins, got {x.dtype}, {w.dtype}, {s.dtype}, {m.dtype}")
+    if w.shape != (N, K // 2) or s.shape != (N, K // GROUP) or m.shape != s.shape or K % GROUP:
+        raise ValueError(f"linear_int4: x {tuple(x.shape)}, w {tuple(w.shape)}, scales {tuple(s.shape)} and mins {tuple(m.shape)} do not fit (K a multiple of {GROUP})")
+    if not all(t.device.type == "cpu" and t.is_contiguous() for t in (x, w, s, m)): raise ValueError("linear_int4 takes contiguous CPU tensors")
+    return _linear(x, w, s, 4, m)
 
 # %% ../../nbs/16a_models.weights.ipynb #b1e2c3d7
 class Int8Linear(nn.Module):
@@ -107,19 +108,24 @@ class Int8Linear(nn.Module):
     def __init__(self, linear:nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        q, s = (quantize_int8 if self.bits == 8 else quantize_int4)(linear.weight)
-        self.register_buffer("weight_q", q); self.register_buffer("scales", s)
+        self._store(linear.weight.detach())
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float(), requires_grad=False)
+    def _store(self, w): q, s = quantize_int8(w); self.register_buffer("weight_q", q); self.register_buffer("scales", s)
+    def _mm(self, x): return _linear(x, self.weight_q, self.scales, 8)
     def forward(self, x:Tensor) -> Tensor:
         if x.device.type != "cpu" or self.weight_q.device.type != "cpu": raise ValueError(f"{type(self).__name__} runs on CPU, got an input on {x.device}")
-        y = _linear(x.reshape(-1, self.in_features).float().contiguous(), self.weight_q, self.scales, self.bits)
+        y = self._mm(x.reshape(-1, self.in_features).float().contiguous())
         y = y.reshape(*x.shape[:-1], self.out_features)
         return (y if self.bias is None else y + self.bias).to(x.dtype)
     def extra_repr(self): return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, int{self.bits} per {GROUP}"
 
 class Int4Linear(Int8Linear):
-    "An `nn.Linear` whose weight is int4, two weights a byte with one float32 scale per `GROUP` (`quantize_int4`), run by `linear_int4`."
+    "An `nn.Linear` whose weight is int4, two weights a byte with a float32 scale and min per `GROUP` (`quantize_int4`), run by `linear_int4`."
     bits = 4
+    def _store(self, w):
+        q, s, m = quantize_int4(w)
+        self.register_buffer("weight_q", q); self.register_buffer("scales", s); self.register_buffer("mins", m)
+    def _mm(self, x): return _linear(x, self.weight_q, self.scales, 4, self.mins)
 
 # %% ../../nbs/16a_models.weights.ipynb #9117bd18
 def weight_bytes(model:nn.Module) -> int:
@@ -139,14 +145,25 @@ def int8_refusal(model:nn.Module) -> str|None: # None: int8 (and int4) weights a
     bad = [name for *_, c, name in _linears(model) if c.in_features % GROUP]
     if bad: return f"int8 and int4 weights need linear layers whose input size is a multiple of {GROUP}; {', '.join(bad[:3])} are not"
 
+def int4_keeps(w:Tensor, # float [N, K]
+               rows:int=16384) -> bool: # rows at a time (bounds the float32 copies of a large head)
+    "True when int4 loses no more of `w` than int8 would (RMS error): its weights already lie on a 4-bit grid per block of `GROUP`, as a Q4_1 file's do."
+    e4 = e8 = 0.0
+    for a in range(0, len(w), rows):
+        x = w[a:a + rows].detach().float()
+        q, s = quantize_int8(x)
+        e8 += float(((q.float().reshape(len(x), -1, GROUP) * s[..., None]).reshape(x.shape) - x).pow(2).sum())
+        e4 += float((dequantize_int4(*quantize_int4(x)) - x).pow(2).sum())
+    return e4 <= e8
+
 def quantize_weights(model:nn.Module, # a float32 model on CPU, changed in place
                      weights:str="int8", # one of `WEIGHTS`
                     ) -> nn.Module:
-    "Every `nn.Linear` of `model` (the output head included) in the `weights` format (auto: int8 where `int8_refusal` has nothing against it, else as loaded); embeddings and norms stay float32."
+    "Every `nn.Linear` of `model` (the output head included) in the `weights` format (auto: int8 where `int8_refusal` has nothing against it, else as loaded; int4: each layer int4 where `int4_keeps` it, else int8); embeddings and norms stay float32."
     if weights not in WEIGHTS: raise ValueError(f"engine.weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
     if weights == "fp32": return model
     why = int8_refusal(model)
     if why and weights == "auto": return model
     if why: raise ValueError(f"engine.weights={weights}: {why}: use engine.weights=fp32 (or auto)")
-    for m, n, c, _ in _linears(model): setattr(m, n, (Int4Linear if weights == "int4" else Int8Linear)(c))
+    for m, n, c, _ in _linears(model): setattr(m, n, (Int4Linear if weights == "int4" and int4_keeps(c.weight) else Int8Linear)(c))
     return model
