@@ -145,7 +145,6 @@ struct E8 {                                 // (|pattern| + signed shift) xor si
     static inline __m256 scale(const R& r, int b, const Fmt&) { return _mm256_broadcast_ss(r.sc + b); }
     static inline __m256 load8(const R& r, int c, const Fmt& f) {
         const uint32_t w = ld16(r.p + 2 * c);                         // one load: low byte sign bits and shift, high byte pattern
-        if (f.block_bytes == 1) return _mm256_load_ps(f.tab + 6144 + 8 * (size_t)w);
         const float* t = f.tab + 2048 + 16 * (w & 255);
         return _mm256_xor_ps(_mm256_add_ps(_mm256_load_ps(f.tab + 8 * (w >> 8)), _mm256_load_ps(t + 8)), _mm256_load_ps(t));
     }
