@@ -110,7 +110,7 @@ def test_nothing_fetched_from_the_network(site):
 def test_readme_is_index_rendered(site):
     "README.md is what `python docs/build.py readme` makes of nbs/index.ipynb (regenerate it after editing)."
     want = build.readme_text(json.loads((ROOT / "_proc" / "index.ipynb").read_text(encoding="utf-8")))
-    assert (ROOT / "README.md").read_text(encoding="utf-8") == want, \
+    assert (ROOT / "README.md").read_bytes().decode("utf-8") == want, \
         "README.md is stale: run `.venv/bin/python docs/build.py readme` and commit it"
 
 
