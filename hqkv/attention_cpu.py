@@ -17,8 +17,8 @@ from .models.identity import cache_dir
 from .attention import ExactWindow, _pair, _check_pages, _check_q, _check_table, _check_int, _check_window
 
 # %% auto #0
-__all__ = ['SOURCE', 'FLAGS', 'ISAS', 'CPU_FORMATS', 'build_dir', 'build', 'lib', 'set_isa', 'e8_tables', 'cpu_format',
-           'held_spans', 'DecodePlan', 'paged_decode_cpu', 'paged_prefill_cpu']
+__all__ = ['SOURCE', 'FLAGS', 'ISAS', 'CPU_FORMATS', 'build_dir', 'build', 'lib', 'set_isa', 'cpu_model', 'e8_tables',
+           'cpu_format', 'held_spans', 'DecodePlan', 'paged_decode_cpu', 'paged_prefill_cpu']
 
 # %% ../nbs/34_attention.cpu.ipynb #afa6e8a2
 SOURCE = "csrc/attention_cpu.cpp"                       # package data of hqkv
@@ -83,6 +83,16 @@ def set_isa(name:str|None=None) -> str: # the instruction set now in use
     got = lib().hqkv_cpu_isa(want)
     if got < 0: raise RuntimeError(f"hqkv.attention_cpu: this CPU lacks AVX2, FMA or F16C, which the {name!r} kernels need; use set_isa('portable')")
     return {v: k for k, v in ISAS.items()}[got]
+
+# %% ../nbs/34_attention.cpu.ipynb #85be2fe9
+def cpu_model() -> str: # e.g. 'AMD EPYC 7B13' (the processor name, else the architecture)
+    "The CPU's name, as saved results record it."
+    import platform
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"): return line.split(":", 1)[1].strip()
+    except OSError: pass
+    return platform.processor() or platform.machine()
 
 # %% ../nbs/34_attention.cpu.ipynb #512fa3f2
 def e8_tables() -> Tensor: # float32 [256*8 + 256*16]: magnitudes, then per low byte: sign masks (as float bits), signed shifts
