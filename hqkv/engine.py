@@ -107,6 +107,10 @@ def load_model(spec:str, dtype:str="float32", device:str="cpu",
         _MODELS[key] = lm
     return _MODELS[key]
 
+def _weights_fit(setting:str, held:str) -> bool:
+    "A model holding `held` weights is what `setting` makes (int4 keeps int8 where a layer is not 4-bit: possibly everywhere)."
+    return setting in ("auto", held) or (setting, held) == ("int4", "int8")
+
 def weights_of(lm:LoadedLM) -> str:
     "The engine.weights setting a loaded model is in."
     kinds = {type(m) for m in lm.model.modules()}
@@ -138,7 +142,7 @@ class Engine:
         cfg = EngineConfig.resolve(flags) if config is None else (dataclasses.replace(config, **flags) if flags else config)
         if not isinstance(cfg, EngineConfig): raise TypeError(f"config must be an EngineConfig, got {type(cfg).__name__}")
         if model is None: model = load_model(cfg.model, cfg.dtype, cfg.device, cfg.weights)
-        elif isinstance(model, LoadedLM) and cfg.weights not in ("auto", weights_of(model)) and (cfg.weights, weights_of(model)) != ("int4", "int8"):
+        elif isinstance(model, LoadedLM) and not _weights_fit(cfg.weights, weights_of(model)):
             raise ValueError(f"the model given has {weights_of(model)} weights, the config asks for engine.weights={cfg.weights}: "
                              "pass no model (the engine loads it that way) or `hqkv.engine.load_model(..., weights=...)`'s")
         elif isinstance(model, LoadedLM): cfg = dataclasses.replace(cfg, model=model.name if model.name in (DEFAULT_MODEL, *PACKAGED_MODELS) else model.source)
