@@ -6,378 +6,58 @@ Docs: https://hqkv.github.io/hqkv/pool.html.md"""
 
 # %% ../nbs/20_pool.ipynb #4766864c
 from __future__ import annotations
-import hashlib
-from array import array
-from collections import OrderedDict
 from dataclasses import dataclass
 from fastcore.basics import patch
 from typing import Hashable
 import torch
 from torch import Tensor
+from .allocator import PoolFull, Admission, PageAllocator
 from .codec import codec_class, get_codec, list_codecs, Codec
 from .sizing import CacheLayout, Geometry, Plan, get_geometry, plan, row_bytes, key_formats_str
 
 # %% auto #0
-__all__ = ['POOL_LAYOUT_VERSION', 'PoolFull', 'Admission', 'PageAllocator', 'PageTable', 'KVPool']
+__all__ = ['POOL_LAYOUT_VERSION', 'PageTable', 'KVPool']
 
 # %% ../nbs/20_pool.ipynb #629ba12e
 POOL_LAYOUT_VERSION = 1  # bumped when the page layout or the prefix-key recipe changes; part of every prefix key
 
-class PoolFull(RuntimeError):
-    "Not enough pages right now: the request fits the pool but must wait for other requests to finish."
-    def __init__(self, needed:int, available:int, total:int): # pages the request needs, pages it could get now, pages in the pool
-        self.needed, self.available, self.total = needed, available, total
-        super().__init__(f"pool full: the request needs {needed} pages, {available} of {total} are available now (wait for a release)")
-
-@dataclass(slots=True)
-class Admission:
-    "What `admit` granted a request."
-    seq_id: Hashable       # the caller's id of the request
-    reused_tokens: int     # prompt tokens whose KV is already in the pool (shared prefix pages); prefill starts here
-    shared_pages: int      # pages shared from the prefix index (reused_tokens // page_tokens)
-    reserved_pages: int    # pages reserved for the request's own tokens (drawn as it appends)
-    bound_tokens: int      # prompt + max_new_tokens: the most tokens the request may ever hold
-
-class _Seq:
-    "One admitted request's bookkeeping (internal)."
-    __slots__ = ("seq_id", "uid", "pages", "hashes", "tokens", "length", "bound", "reserved", "sealed", "n_shared", "n_prompt")
-    def __init__(self, seq_id, uid, pages, hashes, tokens, bound, reserved):
-        self.seq_id, self.uid, self.pages, self.hashes, self.tokens = seq_id, uid, pages, hashes, tokens
-        self.n_prompt = len(tokens)               # the prompt ids given at admission
-        self.bound, self.reserved = bound, reserved
-        self.n_shared = self.sealed = len(pages)  # shared pages are sealed from the start
-        self.length = 0                           # set by the allocator
-
-# %% ../nbs/20_pool.ipynb #4c285bec
-def _ids(x) -> array:
-    "Token ids as an unsigned 64-bit `array` (from a list, tuple, range, array, numpy array or torch tensor of ints)."
-    if isinstance(x, (str, bytes)) or not hasattr(x, "__len__"):
-        raise TypeError(f"token ids must be a sequence of ints, got {type(x).__name__}")
-    if hasattr(x, "tolist") and not isinstance(x, array): x = x.tolist()
-    try: return array("Q", x)  # one C pass checks the type and the range
-    except TypeError as e: raise TypeError(f"token ids must be ints: {e}") from None
-    except OverflowError as e: raise ValueError(f"token ids must be ints in [0, 2**64): {e}") from None
-
-def _count(x, what:str, lo:int=0) -> int:
-    "Check that `x` is an int >= `lo` (not a bool); return it."
-    if isinstance(x, bool) or not isinstance(x, int): raise TypeError(f"{what} must be an int, got {type(x).__name__}")
-    if x < lo: raise ValueError(f"{what} must be >= {lo}, got {x}")
-    return x
-
-# %% ../nbs/20_pool.ipynb #bd6d6c17
-class PageAllocator:
-    "Integer bookkeeping of a paged KV pool: free list, refcounts, page tables, reservations, prefix index, LRU of retained pages."
-    def __init__(self,
-                 num_pages:int,       # pages in the pool
-                 page_tokens:int=64,  # tokens per page
-                 salt:bytes=b""):     # enters every prefix key (format, layout version, geometry, page size)
-        _count(num_pages, "num_pages", 1); _count(page_tokens, "page_tokens", 1)
-        if not isinstance(salt, bytes): raise TypeError(f"salt must be bytes, got {type(salt).__name__}")
-        self.num_pages, self.page_tokens, self.salt = num_pages, page_tokens, salt
-        self._free = list(range(num_pages - 1, -1, -1))  # a stack: page 0 is handed out first
-        self._ref = [0] * num_pages                      # how many sequences hold each page
-        self._writer = [None] * num_pages                # uid of the admission that drew (and writes) the page
-        self._key = [None] * num_pages                   # prefix key of an indexed page
-        self._index: dict[bytes, int] = {}               # prefix key -> page
-        self._retained: OrderedDict[int, None] = OrderedDict()  # LRU order: first = least recently released
-        self._seqs: dict = {}                            # seq id -> _Seq
-        self._reserved = 0                               # pages reserved by admitted sequences, not drawn yet
-        self._uid = 0                                    # admissions so far (a seq id may come back; a uid never does)
-        self.reused_tokens_total = self.evictions_total = self.admissions_total = 0
-        self._root = hashlib.blake2b(b"hqkv-prefix-root" + salt, digest_size=16).digest()  # the salt enters every key through the chain
-
-    def _page_key(self, parent:bytes, ids:array) -> bytes:
-        "Prefix key of a page with token ids `ids` (int64 array) after the page whose key is `parent`."
-        return hashlib.blake2b(parent + ids.tobytes(), digest_size=16).digest()
-
-    def _match(self, ids:array) -> tuple[list[int], list[bytes]]:
-        "Pages (and their keys) of the longest indexed prefix of `ids`, leaving the last token uncovered."
-        pt, pages, keys, parent = self.page_tokens, [], [], self._root
-        for i in range((len(ids) - 1) // pt):
-            k = self._page_key(parent, ids[i * pt:(i + 1) * pt])
-            p = self._index.get(k)
-            if p is None: break
-            pages.append(p); keys.append(k); parent = k
-        return pages, keys
-
-    def _seq(self, seq_id) -> _Seq:
-        try: return self._seqs[seq_id]
-        except (KeyError, TypeError): pass
-        raise ValueError(f"unknown sequence id {seq_id!r} (not admitted, or already finished/cancelled)")
-
-    def __contains__(self, seq_id): return seq_id in self._seqs
-    def __len__(self): return len(self._seqs)
-    @property
-    def seq_ids(self) -> list: return list(self._seqs)
-    @property
-    def free_pages(self) -> int: return len(self._free)
-    @property
-    def retained_pages(self) -> int: return len(self._retained)
-    @property
-    def used_pages(self) -> int: return self.num_pages - len(self._free) - len(self._retained)
-    @property
-    def reserved_pages(self) -> int: return self._reserved
-    @property
-    def available_pages(self) -> int:
-        "Pages a new admission could reserve now: free + retained - outstanding reservations."
-        return len(self._free) + len(self._retained) - self._reserved
-    def length(self, seq_id) -> int: return self._seq(seq_id).length
-    def bound(self, seq_id) -> int: return self._seq(seq_id).bound
-    def pages(self, seq_id) -> list[int]: return list(self._seq(seq_id).pages)
-    def refcount(self, page:int) -> int: return self._ref[page]
-
-    def lookup(self, prompt_ids) -> int:
-        "Prompt tokens a request with `prompt_ids` would reuse now (changes nothing)."
-        return len(self._match(_ids(prompt_ids))[0]) * self.page_tokens
-
-    def __repr__(self):
-        return (f"PageAllocator(pages={self.num_pages}, page_tokens={self.page_tokens}, used={self.used_pages}, "
-                f"retained={self.retained_pages}, free={self.free_pages}, reserved={self._reserved}, sequences={len(self._seqs)})")
-
-# %% ../nbs/20_pool.ipynb #84a20fc1
-@patch
-def admit(self:PageAllocator,
-          seq_id:Hashable,        # the caller's id for this request (unique among admitted requests)
-          prompt_ids,             # the prompt's token ids (at least one)
-          max_new_tokens:int,     # generation cap: the bound is len(prompt_ids) + max_new_tokens
-         ) -> Admission:
-    "Reserve the request's whole bound, sharing the longest cached prefix; `PoolFull` if it must wait, ValueError if it can never fit."
-    try: hash(seq_id)
-    except TypeError: raise TypeError(f"seq_id must be hashable, got {type(seq_id).__name__}") from None
-    if seq_id in self._seqs: raise ValueError(f"sequence id {seq_id!r} is already admitted")
-    ids = _ids(prompt_ids); _count(max_new_tokens, "max_new_tokens")
-    if not ids: raise ValueError("prompt_ids is empty: a request needs at least one prompt token")
-    pt, bound = self.page_tokens, len(ids) + max_new_tokens
-    bound_pages = -(-bound // pt)
-    if bound_pages > self.num_pages:
-        raise ValueError(f"request bound of {bound} tokens (prompt {len(ids)} + max_new_tokens {max_new_tokens}) needs "
-                         f"{bound_pages} pages of {pt} tokens, but the whole pool has {self.num_pages} pages "
-                         f"({self.num_pages * pt} tokens): it can never be admitted")
-    pages, keys = self._match(ids)
-    revived = sum(1 for p in pages if self._ref[p] == 0)   # retained pages this request takes back into use
-    need, avail = bound_pages - len(pages), self.available_pages - revived
-    if need > avail: raise PoolFull(need, avail, self.num_pages)
-    for p in pages:
-        if self._ref[p] == 0: del self._retained[p]
-        self._ref[p] += 1
-    self._uid += 1
-    s = _Seq(seq_id, self._uid, pages, keys, ids, bound, need)
-    s.length = len(pages) * pt
-    self._seqs[seq_id] = s
-    self._reserved += need
-    self.reused_tokens_total += s.length; self.admissions_total += 1
-    return Admission(seq_id, s.length, len(pages), need, bound)
-
-@patch
-def try_admit(self:PageAllocator, seq_id:Hashable, prompt_ids, max_new_tokens:int) -> Admission|None:
-    "`admit`, but None instead of `PoolFull` when the request must wait."
-    try: return self.admit(seq_id, prompt_ids, max_new_tokens)
-    except PoolFull: return None
-
-# %% ../nbs/20_pool.ipynb #9c42edc8
-@patch
-def _take_page(self:PageAllocator) -> int:
-    if not self._free: self._evict_one()
-    return self._free.pop()
-
-@patch
-def _seal(self:PageAllocator, s:_Seq):
-    "Seal the sequence's full pages: immutable from now on, and entered into the prefix index when their ids are known."
-    pt, full = self.page_tokens, s.length // self.page_tokens
-    while s.sealed < full:
-        i = s.sealed
-        if len(s.hashes) == i and len(s.tokens) >= (i + 1) * pt:  # ids known and the chain unbroken
-            k = self._page_key(s.hashes[-1] if i else self._root, s.tokens[i * pt:(i + 1) * pt])
-            s.hashes.append(k)
-            p = s.pages[i]
-            if k not in self._index: self._index[k] = p; self._key[p] = k   # else: same content already cached; this copy stays private
-        s.sealed += 1
-
-@patch
-def append(self:PageAllocator,
-           seq_id:Hashable,           # an admitted sequence
-           n_tokens:int|None=None,    # tokens to add (default: len(token_ids))
-           token_ids=None,            # their ids, if known; needed to share pages of generated tokens
-          ) -> int:
-    "Grow the sequence by `n_tokens` inside its reservation; returns the first new position (the caller writes [start, start+n))."
-    s = self._seq(seq_id)
-    ids = None if token_ids is None else _ids(token_ids)
-    if n_tokens is None:
-        if ids is None: raise ValueError("append: give n_tokens or token_ids")
-        n_tokens = len(ids)
-    n = _count(n_tokens, "n_tokens")
-    if ids is not None and len(ids) != n: raise ValueError(f"append: n_tokens={n} but {len(ids)} token_ids")
-    start = s.length
-    if start + n > s.bound:
-        raise ValueError(f"append of {n} tokens to sequence {seq_id!r} at length {start} exceeds its reservation of "
-                         f"{s.bound} tokens (prompt + max_new_tokens)")
-    if ids is not None:
-        known = s.tokens[start:start + n]
-        if ids[:len(known)] != known:
-            raise ValueError(f"append: token_ids disagree with the prompt of sequence {seq_id!r} at positions {start}..{start + len(known) - 1}")
-    # every check passed: from here on nothing raises
-    self._seal(s)  # the caller has written what the previous append handed out
-    if ids is not None and len(s.tokens) >= start: s.tokens.extend(ids[len(s.tokens) - start:])
-    for _ in range(-(-(start + n) // self.page_tokens) - len(s.pages)):
-        p = self._take_page()
-        self._ref[p], self._writer[p] = 1, s.uid
-        s.pages.append(p); s.reserved -= 1; self._reserved -= 1
-    s.length = start + n
-    return start
-
-# %% ../nbs/20_pool.ipynb #7ef0b0f3
-@patch
-def _release(self:PageAllocator, s:_Seq):
-    for p in reversed(s.pages):  # the first page enters the LRU last: evicted last
-        self._ref[p] -= 1
-        if self._ref[p] == 0:
-            self._writer[p] = None
-            if self._key[p] is not None: self._retained[p] = None
-            else: self._free.append(p)
-    self._reserved -= s.reserved
-    del self._seqs[s.seq_id]
-
-@patch
-def finish(self:PageAllocator, seq_id:Hashable):
-    "Release a finished request: its full pages are sealed and retained for prefix reuse; the rest, and its unused reservation, are freed."
-    s = self._seq(seq_id); self._seal(s); self._release(s)
-
-@patch
-def cancel(self:PageAllocator, seq_id:Hashable):
-    "Release a cancelled request without sealing: its unsealed pages may be half written, so they are freed, not retained."
-    self._release(self._seq(seq_id))
-
-@patch
-def _evict_one(self:PageAllocator):
-    p, _ = self._retained.popitem(last=False)
-    del self._index[self._key[p]]
-    self._key[p] = None
-    self._free.append(p)
-    self.evictions_total += 1
-
-@patch
-def evict(self:PageAllocator, n_pages:int|None=None) -> int:
-    "Evict up to `n_pages` retained pages, least recently used first (all when None); returns how many."
-    n = len(self._retained) if n_pages is None else min(_count(n_pages, "n_pages"), len(self._retained))
-    for _ in range(n): self._evict_one()
-    return n
-
-# %% ../nbs/20_pool.ipynb #b8d1c014
-@patch
-def check_writable(self:PageAllocator, seq_id:Hashable, start:int, n:int):
-    "Raise unless positions [start, start+n) of `seq_id` were handed out by `append` and lie on pages only this sequence writes."
-    s = self._seq(seq_id); _count(start, "start"); _count(n, "n")
-    lo = s.sealed * self.page_tokens
-    if start < lo:
-        why = "shared prefix pages" if start < s.n_shared * self.page_tokens else "sealed pages"
-        raise ValueError(f"write to sequence {seq_id!r} at position {start}: positions below {lo} are {why} and must not be written")
-    if start + n > s.length:
-        raise ValueError(f"write to sequence {seq_id!r} at positions {start}..{start + n - 1}: only {s.length} positions appended")
-    for i in range(start // self.page_tokens, -(-(start + n) // self.page_tokens)):
-        p = s.pages[i]
-        if self._ref[p] != 1 or self._writer[p] != s.uid:
-            raise RuntimeError(f"page {p} of sequence {seq_id!r} is shared (refcount {self._ref[p]}): refusing to write it")
-
-@patch
-def slots(self:PageAllocator, seq_id:Hashable, start:int, n:int) -> list[int]:
-    "Flat slot (page * page_tokens + offset) of each position in [start, start+n) of a sequence."
-    s, pt = self._seq(seq_id), self.page_tokens
-    if _count(start, "start") + _count(n, "n") > s.length:
-        raise ValueError(f"positions {start}..{start + n - 1} lie outside sequence {seq_id!r} of length {s.length}")
-    return [s.pages[i // pt] * pt + i % pt for i in range(start, start + n)]
-
-@patch
-def check_integrity(self:PageAllocator) -> bool:
-    "Raise AssertionError naming the first broken invariant; True when all hold."
-    def need(cond, msg):
-        if not cond: raise AssertionError(f"pool integrity: {msg}")
-    N, pt = self.num_pages, self.page_tokens
-    free, retained = set(self._free), set(self._retained)
-    need(len(free) == len(self._free), "a page is twice on the free list")
-    need(all(0 <= p < N for p in free | retained), "a page id out of range")
-    need(not free & retained, f"pages both free and retained: {sorted(free & retained)[:5]}")
-    used = {p for p in range(N) if self._ref[p] > 0}
-    need(not used & (free | retained), f"pages both held and free/retained: {sorted(used & (free | retained))[:5]}")
-    need(len(free) + len(used) + len(retained) == N, f"free {len(free)} + used {len(used)} + retained {len(retained)} != total {N}")
-    refs, holders = [0] * N, {}
-    for sid, s in self._seqs.items():
-        need(len(set(s.pages)) == len(s.pages), f"sequence {sid!r} holds a page twice")
-        need(len(s.pages) == -(-s.length // pt), f"sequence {sid!r}: {len(s.pages)} pages for {s.length} tokens")
-        need(s.reserved >= 0 and len(s.pages) + s.reserved == -(-s.bound // pt), f"sequence {sid!r}: pages + reservation != bound pages")
-        need(s.length <= s.bound, f"sequence {sid!r} is longer than its bound")
-        need(s.n_shared <= s.sealed <= s.length // pt, f"sequence {sid!r}: sealed frontier out of range")
-        need(len(s.hashes) <= s.sealed, f"sequence {sid!r}: more keys than sealed pages")
-        for i, p in enumerate(s.pages):
-            refs[p] += 1; holders.setdefault(p, []).append((s, i))
-            if i >= s.sealed: need(self._writer[p] == s.uid, f"unsealed page {p} of {sid!r} belongs to another writer")
-            if i < len(s.hashes) and self._key[p] is not None:
-                need(self._key[p] == s.hashes[i], f"page {p} at index {i} of {sid!r} has another prefix key")
-    need(refs == self._ref, "refcounts do not match the page tables")
-    for p, hs in holders.items():
-        if len(hs) > 1:
-            need(all(i < s.sealed for s, i in hs), f"page {p} is shared but not sealed in every holder")
-            need(len({i for _, i in hs}) == 1, f"page {p} sits at different positions in its holders")
-    for k, p in self._index.items(): need(self._key[p] == k, f"index entry of page {p} disagrees with the page")
-    need(sum(k is not None for k in self._key) == len(self._index), "indexed pages and index entries disagree")
-    need(all(self._key[p] is not None for p in retained), "a retained page is not in the prefix index")
-    need(all(self._key[p] is None and self._writer[p] is None for p in free), "a free page is still indexed or owned")
-    need(self._reserved == sum(s.reserved for s in self._seqs.values()), "reservation total disagrees with the sequences")
-    need(len(free) + len(retained) >= self._reserved, f"reservations ({self._reserved}) exceed free + retained pages")
-    return True
-
-@patch
-def snapshot(self:PageAllocator) -> tuple:
-    "A comparable copy of the whole bookkeeping state (to check that a refused call changed nothing)."
-    seqs = tuple((sid, s.uid, tuple(s.pages), tuple(s.hashes), tuple(s.tokens), s.length, s.bound, s.reserved, s.sealed, s.n_shared)
-                 for sid, s in self._seqs.items())
-    return (tuple(self._free), tuple(self._ref), tuple(self._writer), tuple(self._key), tuple(self._index.items()),
-            tuple(self._retained), seqs, self._reserved, self._uid, self.reused_tokens_total, self.evictions_total, self.admissions_total)
-
-# %% ../nbs/20_pool.ipynb #22ce8062
-@patch
-def rollback(self:PageAllocator, seq_id:Hashable, length:int):
-    "Shrink a sequence back to `length` tokens after a failed step: pages past it return to the free list and its reservation."
-    s = self._seq(seq_id); _count(length, "length")
-    pt = self.page_tokens
-    if length > s.length: raise ValueError(f"rollback of sequence {seq_id!r} to {length} tokens: it holds only {s.length}")
-    if length < s.sealed * pt: raise ValueError(f"rollback of sequence {seq_id!r} to {length} tokens: positions below {s.sealed * pt} lie on sealed pages")
-    keep = -(-length // pt)
-    for p in reversed(s.pages[keep:]):          # back onto the free stack in the order they left it
-        self._ref[p], self._writer[p] = 0, None
-        self._free.append(p); s.reserved += 1; self._reserved += 1
-    del s.pages[keep:]
-    del s.tokens[max(length, s.n_prompt):]
-    s.length = length
-
-# %% ../nbs/20_pool.ipynb #f811e5d4
+# %% ../nbs/20_pool.ipynb #1f081d8a
 @dataclass(slots=True)
 class PageTable:
     "A batch's page table in FlashInfer's form (what the attention kernels take)."
     indptr: Tensor         # int32 [B+1]: sequence b owns indices[indptr[b]:indptr[b+1]]
     indices: Tensor        # int32 [indptr[-1]]: page ids, in position order
-    last_page_len: Tensor  # int32 [B]: tokens in each sequence's last page (1..page_size; 0 for an empty sequence)
+    last_page_len: Tensor  # int32 [B]: tokens in each sequence's last page (1..page_size; 0 when empty)
     seq_lens: Tensor       # int32 [B]: tokens per sequence
     page_size: int         # tokens per page
 
+# %% ../nbs/20_pool.ipynb #fdf9f16e
 def _pool_salt(g:Geometry, kv_format:str, page_tokens:int, key_formats:tuple=(), value_formats:tuple=()) -> bytes:
-    "What enters every prefix key: pages of another layout, format, codec version or per-layer key or value format never match."
-    kf = "".join(f"/k{l}:{f}:v{codec_class(f).version}" for l, f in key_formats) + "".join(f"/V{l}:{f}:v{codec_class(f).version}" for l, f in value_formats)
-    return f"hqkv-pool/layout-{POOL_LAYOUT_VERSION}/{g.name}:{g.attn_layers}x{g.kv_heads}x{g.head_dim}/{kv_format}/v{codec_class(kv_format).version}/{page_tokens}{kf}".encode()
+    "What enters every prefix key: pages of another layout, format, codec version or per-layer format never match."
+    kf = ("".join(f"/k{l}:{f}:v{codec_class(f).version}" for l, f in key_formats)
+          + "".join(f"/V{l}:{f}:v{codec_class(f).version}" for l, f in value_formats))
+    return (f"hqkv-pool/layout-{POOL_LAYOUT_VERSION}/{g.name}:{g.attn_layers}x{g.kv_heads}x{g.head_dim}"
+            f"/{kv_format}/v{codec_class(kv_format).version}/{page_tokens}{kf}").encode()
 
-# %% ../nbs/20_pool.ipynb #5c226271
+# %% ../nbs/20_pool.ipynb #8cbd0ebb
 _METRICS = (  # name, kind, help, value
     ("hqkv_kv_pool_pages", "gauge", "Pages in the KV pool", lambda p: p.alloc.num_pages),
     ("hqkv_kv_pool_used_pages", "gauge", "Pages held by admitted sequences", lambda p: p.alloc.used_pages),
-    ("hqkv_kv_pool_reserved_pages", "gauge", "Pages reserved by admitted sequences and not drawn yet", lambda p: p.alloc.reserved_pages),
-    ("hqkv_kv_pool_retained_pages", "gauge", "Pages no sequence holds, kept for prefix reuse (evicted LRU when needed)", lambda p: p.alloc.retained_pages),
+    ("hqkv_kv_pool_reserved_pages", "gauge", "Pages reserved by admitted sequences and not drawn yet",
+     lambda p: p.alloc.reserved_pages),
+    ("hqkv_kv_pool_retained_pages", "gauge", "Pages no sequence holds, kept for prefix reuse (evicted LRU when needed)",
+     lambda p: p.alloc.retained_pages),
     ("hqkv_kv_pool_free_pages", "gauge", "Pages on the free list", lambda p: p.alloc.free_pages),
-    ("hqkv_kv_page_bytes", "gauge", "Bytes of one KV page (all attention layers, K and V, all KV heads)", lambda p: p.page_bytes),
+    ("hqkv_kv_page_bytes", "gauge", "Bytes of one KV page (all attention layers, K and V, all KV heads)",
+     lambda p: p.page_bytes),
     ("hqkv_kv_pool_sequences", "gauge", "Admitted sequences", lambda p: len(p.alloc)),
-    ("hqkv_kv_prefix_reused_tokens_total", "counter", "Prompt tokens served from shared prefix pages", lambda p: p.alloc.reused_tokens_total),
+    ("hqkv_kv_prefix_reused_tokens_total", "counter", "Prompt tokens served from shared prefix pages",
+     lambda p: p.alloc.reused_tokens_total),
     ("hqkv_kv_pool_evictions_total", "counter", "Retained pages evicted", lambda p: p.alloc.evictions_total),
     ("hqkv_kv_pool_admissions_total", "counter", "Requests admitted", lambda p: p.alloc.admissions_total),
 )
 
+# %% ../nbs/20_pool.ipynb #140c16a1
 class _PoolCollector:
     "A prometheus_client collector reading a pool's numbers at scrape time."
     def __init__(self, pool): self.pool = pool
@@ -387,96 +67,128 @@ class _PoolCollector:
             if kind == "gauge": yield GaugeMetricFamily(name, doc, value=f(self.pool))
             else: yield CounterMetricFamily(name.removesuffix("_total"), doc, value=f(self.pool))
 
-# %% ../nbs/20_pool.ipynb #1ab79b56
+# %% ../nbs/20_pool.ipynb #9d67acdf
 class KVPool:
-    "The paged KV store: uint8 pages in the codecs' row layouts, with a `PageAllocator` making every bookkeeping decision."
+    "The paged KV store: uint8 pages in the codecs' row layouts; a `PageAllocator` makes every bookkeeping decision."
     def __init__(self,
                  geometry:Geometry|str,   # model geometry, or a preset name from `hqkv.sizing.GEOMETRIES`
                  kv_format:str,           # a registered KV format, e.g. "hq-e8-2b" or "bf16"
-                 budget,                  # bytes or tokens: anything `hqkv.sizing.parse_budget` takes ("3G", "900Ktok", 123456)
+                 budget,                  # bytes or tokens (`hqkv.sizing.parse_budget`): "3G", "900Ktok", 123456
                  page_tokens:int=64,      # tokens per page
                  device=None,             # where the pages live (default CPU; "meta" for bookkeeping without memory)
-                 codec_opts:dict|None=None, # `get_codec` options: one dict for every format ({"allow": True} for a tbq3 pool) or {format: options}
-                 key_formats=None,        # keys of some attention layers in their own format: {model layer id: format} or '5=tbq3,11=tbq3'
+                 codec_opts:dict|None=None, # `get_codec` options: one dict for every format, or {format: options}
+                 key_formats=None,        # some layers' keys in their own format: {layer: format} or '5=tbq3,11=tbq3'
                  value_formats=None):     # values of some attention layers in their own format, the same way
-        if not isinstance(kv_format, str): raise TypeError(f"kv_format must be a registered format name, got {type(kv_format).__name__}")
-        self.plan: Plan = plan(geometry, kv_format, budget, page_tokens, key_formats=key_formats, value_formats=value_formats)   # validates everything it is given
+        if not isinstance(kv_format, str):
+            raise TypeError(f"kv_format must be a registered format name, got {type(kv_format).__name__}")
+        self.plan: Plan = plan(geometry, kv_format, budget, page_tokens,   # validates everything it is given
+                               key_formats=key_formats, value_formats=value_formats)
         g = self.geometry = get_geometry(geometry)
         if self.plan.pages < 1:
-            raise ValueError(f"budget {self.plan.budget} is smaller than one page: a page of {page_tokens} tokens of {g.name} "
-                             f"in {kv_format} takes {self.plan.page_bytes:,} bytes ({self.plan.bytes_per_token:,} bytes a token)")
+            raise ValueError(f"budget {self.plan.budget} is smaller than one page: a page of {page_tokens} tokens of "
+                             f"{g.name} "
+                             f"in {kv_format} takes {self.plan.page_bytes:,} bytes ({self.plan.bytes_per_token:,} "
+                             "bytes a token)")
         self.kv_format, self.page_tokens, self.row_bytes = kv_format, page_tokens, row_bytes(kv_format, g.head_dim)
-        self.key_formats: dict = dict(self.plan.key_formats)   # {model layer id: format} of the keys not in kv_format
-        self.value_formats: dict = dict(self.plan.value_formats)   # ... and of the values
-        self.layout: CacheLayout = self.plan.layout             # every attention layer's key and value format
-        self.formats: tuple = tuple(zip(self.layout.k_formats, self.layout.v_formats))   # per pool layer: (K format, V format)
-        self.alloc = PageAllocator(self.plan.pages, page_tokens, _pool_salt(g, kv_format, page_tokens, self.plan.key_formats, self.plan.value_formats))
-        slabs = {}                                             # format -> [(layer, 0 K / 1 V), ...]: one uint8 tensor per format
+        # {model layer id: format} of the keys not in kv_format
+        self.key_formats: dict = dict(self.plan.key_formats)
+        self.value_formats: dict = dict(self.plan.value_formats)  # ... and of the values
+        self.layout: CacheLayout = self.plan.layout               # every attention layer's key and value format
+        self.formats: tuple = tuple(zip(self.layout.k_formats, self.layout.v_formats))  # per pool layer: (K, V format)
+        salt = _pool_salt(g, kv_format, page_tokens, self.plan.key_formats, self.plan.value_formats)
+        self.alloc = PageAllocator(self.plan.pages, page_tokens, salt)
+        slabs = {}                                  # format -> [(layer, 0 K / 1 V), ...]: one uint8 tensor per format
         for li, pair in enumerate(self.formats):
             for kind, f in enumerate(pair): slabs.setdefault(f, []).append((li, kind))
-        self.storage: dict[str, Tensor] = {f: torch.empty((len(ls), self.plan.pages, page_tokens, g.kv_heads, row_bytes(f, g.head_dim)),
-                                                          dtype=torch.uint8, device=device) for f, ls in slabs.items()}
+        shape = lambda f, ls: (len(ls), self.plan.pages, page_tokens, g.kv_heads, row_bytes(f, g.head_dim))
+        self.storage: dict[str, Tensor] = {f: torch.empty(shape(f, ls), dtype=torch.uint8, device=device)
+                                           for f, ls in slabs.items()}
         self._slab = {lk: (f, i) for f, ls in slabs.items() for i, lk in enumerate(ls)}
         self._codecs, self._registry = {}, None
         self.codec_opts = dict(codec_opts or {})
 
-    num_pages = property(lambda self: self.alloc.num_pages, doc="pages in the pool")
-    page_bytes = property(lambda self: self.plan.page_bytes, doc="bytes of one page (all attention layers, K and V, all KV heads)")
-    device = property(lambda self: next(iter(self.storage.values())).device, doc="where the pages live")
-    mixed = property(lambda self: len(self.storage) > 1, doc="True when some layers' keys or values are in another format than kv_format")
-    @property
-    def kv(self) -> Tensor:
-        "Every page of a one-format pool: uint8 [attn_layers, 2 (K, V), num_pages, page_tokens, kv_heads, row_bytes]."
-        if self.mixed: raise ValueError(f"a pool with per-layer formats (keys {key_formats_str(self.plan.key_formats) or 'none'}, values {key_formats_str(self.plan.value_formats) or 'none'}) has no single kv tensor: use k(layer), v(layer) or storage")
-        g = self.geometry
-        return self.storage[self.kv_format].view(g.attn_layers, 2, *self.storage[self.kv_format].shape[1:])
+# %% ../nbs/20_pool.ipynb #a392d967
+KVPool.num_pages = property(lambda self: self.alloc.num_pages, doc="pages in the pool")
+KVPool.page_bytes = property(lambda self: self.plan.page_bytes,
+                             doc="bytes of one page (all attention layers, K and V, all KV heads)")
+KVPool.device = property(lambda self: next(iter(self.storage.values())).device, doc="where the pages live")
+KVPool.mixed = property(lambda self: len(self.storage) > 1,
+                        doc="True when some layers' keys or values are in another format than kv_format")
 
-    def codec_for(self, fmt:str) -> Codec:
-        "The pool's codec of format `fmt` (built on first use, with its `codec_opts`)."
-        if fmt not in self.storage and fmt != self.kv_format: raise ValueError(f"format {fmt!r} is not stored in this pool ({', '.join(self.storage)})")
-        if fmt not in self._codecs:
-            o = self.codec_opts
-            opts = o.get(fmt, {}) if o and all(k in list_codecs() for k in o) else o
-            try: self._codecs[fmt] = get_codec(fmt, head_dim=self.geometry.head_dim, **opts)
-            except TypeError as e: raise ValueError(f"codec_opts {opts} do not apply to {fmt}: {e}; give options per format, e.g. {{'tbq3': {{'allow': True}}}}") from None
-        return self._codecs[fmt]
-    @property
-    def codec(self) -> Codec:
-        "The codec of `kv_format`: every value, and the keys of layers without a key format of their own."
-        return self.codec_for(self.kv_format)
-    def k_codec(self, layer:int) -> Codec:
-        "The codec of attention layer `layer`'s keys."
-        return self.codec_for(self.formats[self._layer(layer)][0])
-    def v_codec(self, layer:int) -> Codec:
-        "The codec of attention layer `layer`'s values."
-        return self.codec_for(self.formats[self._layer(layer)][1])
+@patch(as_prop=True)
+def kv(self:KVPool) -> Tensor:
+    "Every page of a one-format pool: uint8 [attn_layers, 2 (K, V), num_pages, page_tokens, kv_heads, row_bytes]."
+    if self.mixed:
+        raise ValueError(f"a pool with per-layer formats (keys {key_formats_str(self.plan.key_formats) or 'none'}, "
+                         f"values {key_formats_str(self.plan.value_formats) or 'none'}) has no single kv tensor: "
+                         "use k(layer), v(layer) or storage")
+    g = self.geometry
+    return self.storage[self.kv_format].view(g.attn_layers, 2, *self.storage[self.kv_format].shape[1:])
 
-    def k(self, layer:int) -> Tensor:
-        "Key pages of attention layer `layer` (0-based among the pool's layers): uint8 [num_pages, page_tokens, kv_heads, row_bytes of its key format]."
-        f, i = self._slab[self._layer(layer), 0]
-        return self.storage[f][i]
-    def v(self, layer:int) -> Tensor:
-        "Value pages of attention layer `layer`: uint8 [num_pages, page_tokens, kv_heads, row_bytes]."
-        f, i = self._slab[self._layer(layer), 1]
-        return self.storage[f][i]
-    def _layer(self, layer) -> int:
-        n = self.geometry.attn_layers
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n:
-            raise ValueError(f"layer must be an int in [0, {n}) (the pool's attention layers), got {layer!r}")
-        return layer
+# %% ../nbs/20_pool.ipynb #85c45cef
+@patch
+def k(self:KVPool, layer:int) -> Tensor:
+    "Key pages of attention layer `layer` (0-based, among the pool's): uint8 [pages, page_tokens, kv_heads, row_bytes]."
+    f, i = self._slab[self._layer(layer), 0]
+    return self.storage[f][i]
 
-    # bookkeeping: every decision is the allocator's
-    def __repr__(self):
-        a = self.alloc
-        kf = (f", key_formats={key_formats_str(self.plan.key_formats)}" if self.key_formats else "") + \
-             (f", value_formats={key_formats_str(self.plan.value_formats)}" if self.value_formats else "")
-        return (f"KVPool({self.geometry.name}, {self.kv_format}{kf}, pages={a.num_pages} x {self.page_bytes:,} B, used={a.used_pages}, "
-                f"retained={a.retained_pages}, reserved={a.reserved_pages}, sequences={len(a)}, device={self.device})")
+@patch
+def v(self:KVPool, layer:int) -> Tensor:
+    "Value pages of attention layer `layer`: uint8 [num_pages, page_tokens, kv_heads, row_bytes]."
+    f, i = self._slab[self._layer(layer), 1]
+    return self.storage[f][i]
 
-# %% ../nbs/20_pool.ipynb #d64f15c7
+@patch
+def _layer(self:KVPool, layer) -> int:
+    n = self.geometry.attn_layers
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n:
+        raise ValueError(f"layer must be an int in [0, {n}) (the pool's attention layers), got {layer!r}")
+    return layer
+
+# %% ../nbs/20_pool.ipynb #03d85442
+@patch
+def codec_for(self:KVPool, fmt:str) -> Codec:
+    "The pool's codec of format `fmt` (built on first use, with its `codec_opts`)."
+    if fmt not in self.storage and fmt != self.kv_format:
+        raise ValueError(f"format {fmt!r} is not stored in this pool ({', '.join(self.storage)})")
+    if fmt not in self._codecs:
+        o = self.codec_opts
+        opts = o.get(fmt, {}) if o and all(k in list_codecs() for k in o) else o
+        try: self._codecs[fmt] = get_codec(fmt, head_dim=self.geometry.head_dim, **opts)
+        except TypeError as e:
+            raise ValueError(f"codec_opts {opts} do not apply to {fmt}: {e}; give options per format, "
+                             "e.g. {'tbq3': {'allow': True}}") from None
+    return self._codecs[fmt]
+
+@patch(as_prop=True)
+def codec(self:KVPool) -> Codec:
+    "The codec of `kv_format`: every value, and the keys of layers without a key format of their own."
+    return self.codec_for(self.kv_format)
+
+@patch
+def k_codec(self:KVPool, layer:int) -> Codec:
+    "The codec of attention layer `layer`'s keys."
+    return self.codec_for(self.formats[self._layer(layer)][0])
+
+@patch
+def v_codec(self:KVPool, layer:int) -> Codec:
+    "The codec of attention layer `layer`'s values."
+    return self.codec_for(self.formats[self._layer(layer)][1])
+
+# %% ../nbs/20_pool.ipynb #1581022a
+@patch
+def __repr__(self:KVPool):
+    a = self.alloc
+    kf = ((f", key_formats={key_formats_str(self.plan.key_formats)}" if self.key_formats else "")
+          + (f", value_formats={key_formats_str(self.plan.value_formats)}" if self.value_formats else ""))
+    return (f"KVPool({self.geometry.name}, {self.kv_format}{kf}, pages={a.num_pages} x {self.page_bytes:,} B, "
+            f"used={a.used_pages}, retained={a.retained_pages}, reserved={a.reserved_pages}, sequences={len(a)}, "
+            f"device={self.device})")
+
+# %% ../nbs/20_pool.ipynb #f709ab26
 @patch
 def admit(self:KVPool, seq_id:Hashable, prompt_ids, max_new_tokens:int) -> Admission:
-    "Reserve prompt + max_new_tokens, sharing the longest cached prefix; `PoolFull` to wait, ValueError if it can never fit."
+    "Reserve prompt + max_new_tokens, sharing the longest cached prefix; `PoolFull` to wait, ValueError: never fits."
     return self.alloc.admit(seq_id, prompt_ids, max_new_tokens)
 
 @patch
@@ -494,6 +206,7 @@ def rollback(self:KVPool, seq_id:Hashable, length:int):
     "Shrink a sequence back to `length` tokens after a failed step (`PageAllocator.rollback`)."
     self.alloc.rollback(seq_id, length)
 
+# %% ../nbs/20_pool.ipynb #104f2c49
 @patch
 def finish(self:KVPool, seq_id:Hashable):
     "Release a finished request (its full pages stay cached for prefix reuse)."
@@ -520,6 +233,7 @@ def length(self:KVPool, seq_id:Hashable) -> int: return self.alloc.length(seq_id
 @patch
 def snapshot(self:KVPool) -> tuple: return self.alloc.snapshot()
 
+# %% ../nbs/20_pool.ipynb #50a5f11f
 @patch
 def check_integrity(self:KVPool) -> bool:
     "The allocator's invariants, plus the storage's shape."
@@ -529,10 +243,11 @@ def check_integrity(self:KVPool) -> bool:
         want = (n[f], a.num_pages, a.page_tokens, g.kv_heads, row_bytes(f, g.head_dim))
         if tuple(t.shape) != want or t.dtype != torch.uint8:
             raise AssertionError(f"pool integrity: {f} storage is {t.dtype} {tuple(t.shape)}, expected uint8 {want}")
-    if sorted(self._slab) != sorted((l, k) for l in range(g.attn_layers) for k in (0, 1)): raise AssertionError("pool integrity: a layer's K or V has no storage")
+    if sorted(self._slab) != sorted((l, k) for l in range(g.attn_layers) for k in (0, 1)):
+        raise AssertionError("pool integrity: a layer's K or V has no storage")
     return a.check_integrity()
 
-# %% ../nbs/20_pool.ipynb #c3b67bab
+# %% ../nbs/20_pool.ipynb #34bb39c2
 @patch
 def write_slots(self:KVPool, seq_id:Hashable, start_pos:int, n:int) -> Tensor:
     "Checked slot mapping (int64 [n] on the pool's device) for writing positions [start_pos, start_pos+n) of `seq_id`."
@@ -552,13 +267,16 @@ def write(self:KVPool,
     for name, t, pages in (("k_rows", k_rows, kp), ("v_rows", v_rows, vp)):
         want = (H, pages.shape[-1])
         if not isinstance(t, Tensor) or t.dtype != torch.uint8 or t.ndim != 3 or tuple(t.shape[1:]) != want:
-            raise ValueError(f"{name} must be uint8 [n, {want[0]}, {want[1]}], got {getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
+            raise ValueError(f"{name} must be uint8 [n, {want[0]}, {want[1]}], "
+                             f"got {getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
         if t.device != self.device: raise ValueError(f"{name} is on {t.device}, the pool on {self.device}")
     n = k_rows.shape[0]
     if v_rows.shape[0] != n: raise ValueError(f"k_rows has {n} rows, v_rows {v_rows.shape[0]}")
     idx = self.write_slots(seq_id, start_pos, n)
-    kp.view(-1, H, kp.shape[-1]).index_copy_(0, idx, k_rows); vp.view(-1, H, vp.shape[-1]).index_copy_(0, idx, v_rows)
+    kp.view(-1, H, kp.shape[-1]).index_copy_(0, idx, k_rows)
+    vp.view(-1, H, vp.shape[-1]).index_copy_(0, idx, v_rows)
 
+# %% ../nbs/20_pool.ipynb #bef522f9
 @patch
 def write_kv(self:KVPool, seq_id:Hashable, layer:int, start_pos:int,
              k:Tensor,   # float [n, kv_heads, head_dim]: keys, original domain
@@ -569,14 +287,14 @@ def write_kv(self:KVPool, seq_id:Hashable, layer:int, start_pos:int,
 
 @patch
 def read(self:KVPool, seq_id:Hashable, layer:int, start_pos:int=0, n:int|None=None) -> tuple[Tensor, Tensor]:
-    "Coded K and V rows (uint8 [n, kv_heads, row_bytes] each, in the layer's K and V formats) of positions [start_pos, start_pos+n) (default: to the end)."
+    "Coded K and V rows (uint8 [n, kv_heads, row_bytes], the layer's formats) of [start_pos, start_pos+n)."
     layer, H = self._layer(layer), self.geometry.kv_heads
     if n is None: n = self.alloc.length(seq_id) - start_pos
     idx = torch.tensor(self.alloc.slots(seq_id, start_pos, n), dtype=torch.int64, device=self.device)
     kp, vp = self.k(layer), self.v(layer)
     return kp.view(-1, H, kp.shape[-1])[idx], vp.view(-1, H, vp.shape[-1])[idx]
 
-# %% ../nbs/20_pool.ipynb #05775828
+# %% ../nbs/20_pool.ipynb #ae2b4265
 @patch
 def page_table(self:KVPool, seq_ids, device=None) -> PageTable:
     "FlashInfer-style page table (indptr, indices, last_page_len, seq_lens) of the sequences `seq_ids`, in that order."
@@ -588,6 +306,7 @@ def page_table(self:KVPool, seq_ids, device=None) -> PageTable:
     i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=self.device if device is None else device)
     return PageTable(i32(indptr), i32(indices), i32(last), i32(lens), pt)
 
+# %% ../nbs/20_pool.ipynb #f3fd585d
 @patch
 def metrics(self:KVPool) -> dict[str, int]:
     "The pool's gauges and counters by their Prometheus names."

@@ -17,6 +17,7 @@ LAYERS = [  # lowest first; a module may import any module of a lower layer
     ["attention"],                      # attention over pages: the reference, its checks
     ["kernels", "attention_cpu", "window"],   # the Triton and the CPU kernels; the exact window row by row
     ["models.weights"],                 # int8 linear layers (built like the CPU attention kernels)
+    ["allocator"],                      # the pool's bookkeeping: pages, reservations, prefix index (no tensors)
     ["pool"],                           # pages in bytes
     ["backends", "scheduler"],          # attention backends behind one protocol; admission
     ["pagedkv"],                        # the per-step KV manager
