@@ -20,8 +20,8 @@ from .window import window_put, window_into, decode_span, decode_reads
 
 # %% auto #0
 __all__ = ['ATTN_BACKENDS', 'StepPlan', 'AttnBackend', 'encode_store', 'gqa_attention', 'GatherDecode', 'GatherPlan',
-           'gqa_padded', 'GatherAttn', 'page_rows_decoded', 'PagedPlan', 'PagedAttn', 'get_backend', 'cpu_kernels_read',
-           'default_backend']
+           'gqa_padded', 'GatherAttn', 'page_rows_decoded', 'PagedPlan', 'PagedAttn', 'triton_kernels_read',
+           'get_backend', 'cpu_kernels_read', 'default_backend']
 
 # %% ../nbs/36_backends.ipynb #e9dde35e
 @dataclass(slots=True, eq=False)
@@ -286,12 +286,13 @@ class PagedAttn:
         return p
     def store(self, kv, li, k, v, slots):
         if self._store is None: return encode_store(kv, li, k, v, slots)
-        self._store(k.float().contiguous(), v.float().contiguous(), kv.pool.k(li), kv.pool.v(li), slots, kv.codec, check=False)
+        kc, vc = kv.k_codecs[li], kv.v_codecs[li]
+        self._store(k.float().contiguous(), v.float().contiguous(), kv.pool.k(li), kv.pool.v(li), slots, kc if kc is vc else (kc, vc), check=False)
     def attend(self, kv, step, li, q, k, v, scale, softcap=None):
         if softcap is not None: raise ValueError(f"the {self.name} attention backend has no logit soft-capping (softcap={softcap}); use attn='gather'")
         p, w = step.attn, (kv.windows[li] if kv.windows is not None else None)
         kp, vp, kc, vc = kv.pool.k(li), kv.pool.v(li), kv.k_codecs[li], kv.v_codecs[li]
-        c = kc if kc is vc else (kc, vc)                 # the reference reads a (key, value) codec pair; Triton refuses mixed pools
+        c = kc if kc is vc else (kc, vc)                 # keys in another format than values: every backend reads the pair
         kr, vr = (kc.rotate(k.float()), vc.rotate(v.float())) if w is not None else (None, None)
         o = torch.empty_like(q)
         if p.dec:
@@ -313,17 +314,25 @@ class PagedAttn:
 # %% ../nbs/36_backends.ipynb #9bd30b70
 def _triton_backend() -> PagedAttn:
     "The Triton kernels as a backend (imported when asked for: they need triton)."
-    from hqkv.kernels import kernel_format
     from hqkv.kernels.decode import decode
     from hqkv.kernels.prefill import prefill
     from hqkv.kernels.store import store
-    def check(pool):
-        if pool.mixed:
-            over = {**{f"layer {l} keys": f for l, f in pool.key_formats.items()}, **{f"layer {l} values": f for l, f in pool.value_formats.items()}}
-            raise ValueError(f"the Triton kernels read pages of one format, but this pool keeps "
-                             f"{', '.join(f'{k} in {f}' for k, f in over.items())}: use attn='gather' or 'ref'")
-        kernel_format(pool.codec)   # a format the kernels do not read: ValueError naming those they do
-    return PagedAttn("triton", decode, prefill, store, check, chunk_arg=True, defers_codes=False)   # the store kernel codes rows as they come
+    return PagedAttn("triton", decode, prefill, store, _triton_check, chunk_arg=True, defers_codes=False)
+
+def _triton_check(pool):
+    "Refuse a pool with a layer whose key or value format the kernels do not read, naming the layer and its formats."
+    from hqkv.kernels import kernel_formats
+    for li in range(pool.geometry.attn_layers):
+        kc, vc = pool.k_codec(li), pool.v_codec(li)
+        try: kernel_formats((kc, vc))
+        except ValueError as e:
+            raise ValueError(f"attention layer {li} (keys {kc.name}, values {vc.name}, head_dim {kc.head_dim}): {e}") from None
+
+def triton_kernels_read(pool:KVPool) -> bool:
+    "Whether the Triton kernels read every layer of `pool`: each layer's key and value formats and head size (imports no Triton)."
+    try: _triton_check(pool)
+    except ValueError: return False
+    return True   # the store kernel codes rows as they come
 
 def _cpu_backend() -> PagedAttn:
     "The CPU kernels that read pages in place (`hqkv.attention_cpu`: built with g++ on first use; a missing compiler is a named error)."
@@ -363,10 +372,8 @@ def cpu_kernels_read(pool:KVPool) -> bool:
 def default_backend(pool:KVPool, # the pool the backend reads
                     softcap:bool=False, # the model soft-caps attention logits (Gemma 2): only `gather` does
                    ) -> str:
-    "The attention backend used when none is named: on CUDA the Triton kernels for the one-format pools they read; on CPU the CPU kernels for the formats they read; else `gather`."
+    "The attention backend used when none is named: on CUDA the Triton kernels for the pools they read (a bit plan's mix too); on CPU the CPU kernels for the formats they read; else `gather`."
     if softcap: return "gather"
-    if pool.device.type == "cuda" and not pool.mixed:
-        from hqkv.kernels import KERNEL_FORMATS
-        if pool.kv_format in KERNEL_FORMATS: return "triton"
+    if pool.device.type == "cuda" and triton_kernels_read(pool): return "triton"
     if pool.device.type == "cpu" and cpu_kernels_read(pool): return "cpu"
     return "gather"

@@ -13,26 +13,58 @@ import triton
 import triton.language as tl
 from torch import Tensor
 from ..codec import Codec
-from ..attention import ExactWindow
-from . import kernel_format, check_device, interpreting, tile
+from ..attention import ExactWindow, _pair
+from . import kernel_format, kernel_formats, check_device, interpreting, tile
 
 # %% auto #0
 __all__ = ['decode_kernel', 'decode_merge_kernel', 'DecodeWorkspace', 'default_splits', 'decode']
 
 # %% ../../nbs/32_kernels.decode.ipynb #6a8e121f
 @triton.jit
+def _fp16(ptr, mask):
+    "The little-endian fp16 at byte pointers `ptr` (and `ptr + 1`) -> fp32."
+    lo = tl.load(ptr, mask=mask, other=0).to(tl.int32)
+    hi = tl.load(ptr + 1, mask=mask, other=0).to(tl.int32)
+    return (lo | (hi << 8)).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+
+@triton.jit
+def _load_blocks(rows, ok, offs_d, table_ptr, D, FORMAT: tl.constexpr, NS: tl.constexpr):
+    "Byte formats: NS blocks per row, each an fp16 scale then its codes (tbq2/3/4: FORMAT bits, q8_0: 5, q4_0: 6) -> fp32."
+    blk = D // NS                                              # values per block
+    if FORMAT == 5: nb = blk                                   # bytes of codes per block
+    elif FORMAT == 6: nb = blk // 2
+    else: nb = blk * FORMAT // 8
+    b = offs_d // blk
+    i = (offs_d - b * blk)[None, :]
+    base = rows + (b * (2 + nb))[None, :]                      # the block's scale; its codes follow
+    scale = _fp16(base, ok)
+    if FORMAT == 5:   # ggml q8_0: int8 codes
+        x = tl.load(base + 2 + i, mask=ok, other=0).to(tl.int8, bitcast=True).to(tl.float32)
+    elif FORMAT == 6: # ggml q4_0: value j in the low nibble of byte j, value j + 16 in its high nibble; code - 8
+        byte = tl.load(base + 2 + i % 16, mask=ok, other=0).to(tl.int32)
+        x = (tl.where(i < 16, byte & 15, byte >> 4) - 8).to(tl.float32)
+    else:             # tbq: index i at bits [i*FORMAT, (i+1)*FORMAT) of the block's codes, little-endian; a centroid
+        bit = i * FORMAT
+        w = tl.load(base + 2 + bit // 8, mask=ok, other=0).to(tl.int32)
+        if FORMAT == 3: w = w | (tl.load(base + 3 + bit // 8, mask=ok & (bit % 8 > 5), other=0).to(tl.int32) << 8)
+        x = tl.load(table_ptr + ((w >> (bit % 8)) & ((1 << FORMAT) - 1)), mask=ok, other=0.0)
+    return x * scale
+
+@triton.jit
 def _load_rows(ptr, # page base pointer (already at the page and KV head)
                offs_n, n_mask, offs_d, stride_n, table_ptr, D, # D: the head dim (runtime); offs_d spans D_PAD >= D
-               FORMAT: tl.constexpr, D_PAD: tl.constexpr, NQ: tl.constexpr, BLOCK_N: tl.constexpr):
+               FORMAT: tl.constexpr, D_PAD: tl.constexpr, NS: tl.constexpr, BLOCK_N: tl.constexpr):
     "A block of coded rows -> values [BLOCK_N, D_PAD] in the codec's (rotated) domain, zero past D (bf16 rows stay bf16, exact)."
     rows = ptr + offs_n[:, None] * stride_n
     if FORMAT == 0:   # bf16 rows (the pages are viewed as bf16)
         x = tl.load(rows + offs_d[None, :], mask=n_mask[:, None] & (offs_d < D)[None, :], other=0.0)
-    else:             # hq-e8-2b (pages viewed as int16): D/8 codewords, then NQ bf16 scales
+    elif FORMAT >= 2: # tbq, q8_0, q4_0 (pages viewed as bytes)
+        x = _load_blocks(rows, n_mask[:, None] & (offs_d < D)[None, :], offs_d, table_ptr, D, FORMAT, NS)
+    else:             # hq-e8-2b (pages viewed as int16): D/8 codewords, then NS bf16 scales
         offs_g = tl.arange(0, D_PAD // 8)
         ok = n_mask[:, None] & (offs_g < D // 8)[None, :]                                        # padded groups: scale 0, value 0
         code = tl.load(rows + offs_g[None, :], mask=ok, other=0).to(tl.int32) & 0xFFFF                  # [BLOCK_N, D/8]
-        s16 = tl.load(rows + D // 8 + (offs_g * NQ // (D // 8))[None, :], mask=ok, other=0)              # its quarter's scale (`quarter_groups`)
+        s16 = tl.load(rows + D // 8 + (offs_g * NS // (D // 8))[None, :], mask=ok, other=0)              # its quarter's scale (`quarter_groups`)
         scale = ((s16.to(tl.int32) & 0xFFFF).to(tl.uint32) << 16).to(tl.float32, bitcast=True)          # bf16 bits -> fp32
         w = tl.load(table_ptr + (code >> 8))             # the pattern: 8 x 2-bit magnitudes | parity << 16
         sb = (code >> 1) & 127                           # signs of coordinates 1..7
@@ -67,19 +99,19 @@ def _attend(q_hi, q_lo, k, v, visible, m, l, acc,
     return m_new, l, acc
 
 @triton.jit
-def _code_blocks(q_hi, q_lo, m, l, acc, j0, j1, p0, h, indices_ptr, k_ptr, v_ptr, table_ptr,
-                 stride_kp, stride_kn, stride_kh, PAGE, L, s_held, rec_start, offs_n, offs_d, D,
-                 FORMAT: tl.constexpr, D_PAD: tl.constexpr, NQ: tl.constexpr, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr):
+def _code_blocks(q_hi, q_lo, m, l, acc, j0, j1, p0, h, indices_ptr, k_ptr, v_ptr, kt_ptr, vt_ptr,
+                 stride_kp, stride_kn, stride_kh, stride_vp, stride_vn, stride_vh, PAGE, L, s_held, rec_start, offs_n, offs_d, D,
+                 K_FORMAT: tl.constexpr, V_FORMAT: tl.constexpr, K_NS: tl.constexpr, V_NS: tl.constexpr,
+                 D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr):
     "Blocks j0..j1 of BLOCK_N code rows (a page is PAGE // BLOCK_N blocks), positions the window holds masked out."
     for j in range(j0, j1):
         pos0 = j * BLOCK_N
         page = tl.load(indices_ptr + p0 + pos0 // PAGE).to(tl.int64)
         pos = pos0 + offs_n
         in_seq = pos < L
-        base = page * stride_kp + h * stride_kh
         rows = pos0 % PAGE + offs_n
-        k = _load_rows(k_ptr + base, rows, in_seq, offs_d, stride_kn, table_ptr, D, FORMAT, D_PAD, NQ, BLOCK_N)
-        v = _load_rows(v_ptr + base, rows, in_seq, offs_d, stride_kn, table_ptr, D, FORMAT, D_PAD, NQ, BLOCK_N)
+        k = _load_rows(k_ptr + page * stride_kp + h * stride_kh, rows, in_seq, offs_d, stride_kn, kt_ptr, D, K_FORMAT, D_PAD, K_NS, BLOCK_N)
+        v = _load_rows(v_ptr + page * stride_vp + h * stride_vh, rows, in_seq, offs_d, stride_vn, vt_ptr, D, V_FORMAT, D_PAD, V_NS, BLOCK_N)
         vis = in_seq & (pos >= s_held) & (pos < rec_start)
         m, l, acc = _attend(q_hi, q_lo, k, v, vis[None, :], m, l, acc, DOT_BF16)
     return m, l, acc
@@ -112,17 +144,18 @@ def _window_blocks(q_hi, q_lo, m, l, acc, j0, j1, n_code, slot, h,
 # %% ../../nbs/32_kernels.decode.ipynb #c1c944de
 @triton.jit(do_not_specialize=["SINKS", "RECENT", "SPLITS", "G", "PAGE"])
 def decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr,
-                  ks_ptr, vs_ptr, kr_ptr, vr_ptr, wslot_ptr, table_ptr,
+                  ks_ptr, vs_ptr, kr_ptr, vr_ptr, wslot_ptr, kt_ptr, vt_ptr,
                   po_ptr, pl_ptr,
                   stride_qb, stride_qh,
-                  stride_kp, stride_kn, stride_kh,
+                  stride_kp, stride_kn, stride_kh, stride_vp, stride_vn, stride_vh,
                   stride_ss, stride_sn, stride_sh,
                   stride_rs, stride_rn, stride_rh,
                   stride_pob, stride_poh, stride_pos, stride_pog,
                   stride_plb, stride_plh, stride_pls,
                   SINKS, RECENT, SPLITS, G, PAGE, D,
                   G_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-                  FORMAT: tl.constexpr, NQ: tl.constexpr, WINDOW: tl.constexpr, DOT_BF16: tl.constexpr):
+                  K_FORMAT: tl.constexpr, V_FORMAT: tl.constexpr, K_NS: tl.constexpr, V_NS: tl.constexpr,
+                  WINDOW: tl.constexpr, DOT_BF16: tl.constexpr):
     "One (sequence, KV head, split): online softmax over its share of code blocks and window blocks."
     b, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_g, offs_d, offs_n = tl.arange(0, G_PAD), tl.arange(0, D_PAD), tl.arange(0, BLOCK_N)
@@ -149,8 +182,9 @@ def decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr,
     m = tl.full([G_PAD], float("-inf"), tl.float32)
     l = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D_PAD], tl.float32)
-    m, l, acc = _code_blocks(q_hi, q_lo, m, l, acc, j0, tl.minimum(j1, n_code), p0, h, indices_ptr, k_ptr, v_ptr, table_ptr,
-                             stride_kp, stride_kn, stride_kh, PAGE, L, s_held, rec_start, offs_n, offs_d, D, FORMAT, D_PAD, NQ, BLOCK_N, DOT_BF16)
+    m, l, acc = _code_blocks(q_hi, q_lo, m, l, acc, j0, tl.minimum(j1, n_code), p0, h, indices_ptr, k_ptr, v_ptr, kt_ptr, vt_ptr,
+                             stride_kp, stride_kn, stride_kh, stride_vp, stride_vn, stride_vh, PAGE, L, s_held, rec_start, offs_n, offs_d, D,
+                             K_FORMAT, V_FORMAT, K_NS, V_NS, D_PAD, BLOCK_N, DOT_BF16)
     if WINDOW:
         slot = tl.load(wslot_ptr + b).to(tl.int64)
         m, l, acc = _window_blocks(q_hi, q_lo, m, l, acc, j0, j1, n_code, slot, h, ks_ptr, vs_ptr, kr_ptr, vr_ptr,
@@ -204,15 +238,16 @@ class DecodeWorkspace:
         return cls(torch.empty(batch, kv_heads, splits, group, head_dim, device=device), torch.empty(batch, kv_heads, splits, group, device=device))
 
 def _check_pages(k_pages, v_pages, codec):
-    for n, t in (("k_pages", k_pages), ("v_pages", v_pages)):
-        if not isinstance(t, Tensor) or t.dtype != torch.uint8 or t.ndim != 4 or t.shape[-1] != codec.row_bytes:
-            raise ValueError(f"{n} must be uint8 [num_pages, page_size, kv_heads, {codec.row_bytes}] for {codec.name} at head_dim {codec.head_dim}, got {getattr(t, 'dtype', None)} {tuple(getattr(t, 'shape', ()))}")
+    "uint8 [num_pages, page_size, kv_heads, row_bytes] with contiguous rows, each in its codec's row bytes; K and V alike but for those."
+    for n, t, c in (("k_pages", k_pages, _pair(codec)[0]), ("v_pages", v_pages, _pair(codec)[1])):
+        if not isinstance(t, Tensor) or t.dtype != torch.uint8 or t.ndim != 4 or t.shape[-1] != c.row_bytes:
+            raise ValueError(f"{n} must be uint8 [num_pages, page_size, kv_heads, {c.row_bytes}] for {c.name} at head_dim {c.head_dim}, got {getattr(t, 'dtype', None)} {tuple(getattr(t, 'shape', ()))}")
         if t.stride(-1) != 1: raise ValueError(f"{n}: rows must be contiguous (stride 1 along row_bytes)")
-    if k_pages.shape != v_pages.shape or k_pages.stride() != v_pages.stride(): raise ValueError("k_pages and v_pages must have the same shape and strides")
+    if k_pages.shape[:3] != v_pages.shape[:3]: raise ValueError(f"k_pages {tuple(k_pages.shape)} and v_pages {tuple(v_pages.shape)} must have the same pages, rows and heads")
 
 def _page_view(pages, fmt):
-    "bf16 pages are read as bf16 elements, hq-e8-2b pages as int16 (codewords and bf16 scales are 16-bit)."
-    return pages.view(torch.bfloat16) if fmt == 0 else pages.view(torch.int16)
+    "bf16 pages are read as bf16 elements, hq-e8-2b pages as int16 (codewords and bf16 scales are 16-bit), the others as bytes."
+    return pages.view(torch.bfloat16) if fmt == 0 else pages.view(torch.int16) if fmt == 1 else pages
 
 def _check_i32(name, t, n=None):
     if not isinstance(t, Tensor) or t.dtype != torch.int32 or t.ndim != 1 or (n is not None and t.shape[0] != n) or (t.numel() and t.stride(0) != 1):
@@ -242,9 +277,25 @@ def _e8_table(codec, device):
         _E8_TABLES[device] = w.to(torch.int32).to(device)
     return _E8_TABLES[device]
 
-def _meta(codec, fmt):
-    "NQ: scales per row (hq-e8-2b's quarters; 1 for bf16)."
-    return dict(NQ=codec.quarters if fmt == 1 else 1)
+_CENTROIDS = {}
+def _table(codec, fmt, device, dummy):
+    "What `_load_rows` looks codes up in: the E8P patterns (hq-e8-2b), the block's float32 centroids (tbq: the codec's values); else `dummy`."
+    if fmt == 1: return _e8_table(codec, device)
+    if fmt not in (2, 3, 4): return dummy
+    key = (codec.centroids, device)
+    if key not in _CENTROIDS: _CENTROIDS[key] = torch.tensor(codec.centroids, dtype=torch.float32, device=device)
+    return _CENTROIDS[key]
+
+def _scales_per_row(codec, fmt) -> int:
+    "NS: hq-e8-2b's quarters, tbq's blocks, ggml's 32-value blocks (each block's scale leads it); 1 for bf16."
+    return codec.quarters if fmt == 1 else codec.n_blocks if fmt in (2, 3, 4) else codec.head_dim // 32 if fmt in (5, 6) else 1
+
+def _kv_args(codec, k_pages, v_pages, dummy):
+    "Key and value pages viewed for the kernels, their lookup tables, and the constexprs of their formats (one codec or a pair)."
+    (kc, vc), (fk, fv) = _pair(codec), kernel_formats(codec)
+    meta = dict(K_FORMAT=fk, V_FORMAT=fv, K_NS=_scales_per_row(kc, fk), V_NS=_scales_per_row(vc, fv))
+    dev = k_pages.device
+    return _page_view(k_pages, fk), _page_view(v_pages, fv), _table(kc, fk, dev, dummy), _table(vc, fv, dev, dummy), meta
 
 def _block_n(block_n, page_size):
     "K/V rows per step: a power of two >= 16 that divides the page (capped at the page size)."
@@ -262,7 +313,7 @@ def default_splits(batch:int, kv_heads:int, pages_per_seq:int) -> int:
 def decode(q:Tensor, # float [B, Hq, D], original domain; Hq a multiple of kv_heads
            k_pages:Tensor, v_pages:Tensor, # uint8 [num_pages, page_size, kv_heads, row_bytes]
            indptr:Tensor, indices:Tensor, last_page_len:Tensor, # int32 page table (FlashInfer)
-           codec:Codec, # bf16 or hq-e8-2b
+           codec:Codec|tuple[Codec, Codec], # a format of `KERNEL_FORMATS`, or a (key codec, value codec) pair
            scale:float|None=None, # softmax scale, default 1/sqrt(D)
            window:ExactWindow|None=None, # exact sink/recent tokens (its lens must match the sequences; not re-checked here)
            window_slots:Tensor|None=None, # int32 [B]
@@ -272,10 +323,10 @@ def decode(q:Tensor, # float [B, Hq, D], original domain; Hq a multiple of kv_he
            block_n:int|None=None, # K/V rows per step (default: `hqkv.kernels.tile`'s for this head size and GPU; divides the page size)
           ) -> Tensor|tuple[Tensor, Tensor]: # o [B, Hq, D] in q's dtype (and lse float32 [B, Hq])
     "Paged decode attention over coded pages in Triton (same contract as `hqkv.attention.paged_decode`)."
-    fmt = kernel_format(codec)
-    _check_pages(k_pages, v_pages, codec)
+    kernel_formats(codec)                                          # a format the kernels do not read: ValueError naming those they do
+    (kc, vc), _ = _pair(codec), _check_pages(k_pages, v_pages, codec)
     _, PAGE, Hkv, _ = k_pages.shape
-    D = codec.head_dim
+    D = kc.head_dim
     if not isinstance(q, Tensor) or not q.is_floating_point() or q.ndim != 3 or q.shape[-1] != D:
         raise ValueError(f"q must be float [B, Hq, {D}], got {getattr(q, 'dtype', None)} {tuple(getattr(q, 'shape', ()))}")
     B, Hq, _ = q.shape
@@ -292,22 +343,21 @@ def decode(q:Tensor, # float [B, Hq, D], original domain; Hq a multiple of kv_he
     if ws.o.device != dev or ws.o.shape[0] < B or ws.o.shape[1] != Hkv or ws.o.shape[2] < splits or ws.o.shape[3] != G or ws.o.shape[4] != D:
         raise ValueError(f"workspace {tuple(ws.o.shape)} on {ws.o.device} is too small for [B={B}, {Hkv}, splits={splits}, {G}, {D}] on {dev}")
     scale = 1 / math.sqrt(D) if scale is None else float(scale)
-    qr = (codec.rotate(q.float()) * scale).contiguous()           # rotate the query once
-    kp, vp = _page_view(k_pages, fmt), _page_view(v_pages, fmt)
+    qr = (kc.rotate(q.float()) * scale).contiguous()              # rotate the query once, into the keys' domain
+    kp, vp, kt, vt, meta = _kv_args(codec, k_pages, v_pages, qr)
     wt, wst, S, R, has_w = _window_args(window, window_slots, B, Hkv, D, dev, qr)
-    table = _e8_table(codec, dev) if fmt == 1 else qr
     o_rot = torch.empty(B, Hq, D, device=dev); lse = torch.empty(B, Hq, device=dev)
     po, pl = ws.o, ws.lse
     t = tile("decode", D, dev)
     block_n = _block_n(t.block_n if block_n is None else block_n, PAGE)
     decode_kernel[(B, Hkv, splits)](
-        qr, kp, vp, indptr, indices, last_page_len, *wt, table, po, pl,
-        qr.stride(0), qr.stride(1), kp.stride(0), kp.stride(1), kp.stride(2), *wst,
+        qr, kp, vp, indptr, indices, last_page_len, *wt, kt, vt, po, pl,
+        qr.stride(0), qr.stride(1), *kp.stride()[:3], *vp.stride()[:3], *wst,
         po.stride(0), po.stride(1), po.stride(2), po.stride(3), pl.stride(0), pl.stride(1), pl.stride(2),
-        S, R, splits, G, PAGE, D, G_PAD=max(16, triton.next_power_of_2(G)), D_PAD=triton.next_power_of_2(D), BLOCK_N=block_n, FORMAT=fmt, **_meta(codec, fmt),
+        S, R, splits, G, PAGE, D, G_PAD=max(16, triton.next_power_of_2(G)), D_PAD=triton.next_power_of_2(D), BLOCK_N=block_n, **meta,
         WINDOW=has_w, DOT_BF16=not interpreting(), num_warps=t.num_warps, num_stages=t.num_stages)
     decode_merge_kernel[(B, Hq)](
         po, pl, o_rot, lse, po.stride(0), po.stride(1), po.stride(2), po.stride(3), pl.stride(0), pl.stride(1), pl.stride(2),
         o_rot.stride(0), o_rot.stride(1), lse.stride(0), splits, G, D, D_PAD=triton.next_power_of_2(D), SPLITS_PAD=max(2, triton.next_power_of_2(splits)))
-    o = codec.unrotate(o_rot).to(q.dtype)                           # rotate the output back once
+    o = vc.unrotate(o_rot).to(q.dtype)                              # rotate the output back once, from the values' domain
     return (o, lse) if return_lse else o

@@ -12,9 +12,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 from ..codec import Codec
-from ..attention import ExactWindow
-from . import kernel_format, check_device, interpreting, tile
-from .decode import _load_rows, _attend, _code_blocks, _window_blocks, _block_n, _check_pages, _page_view, _check_i32, _window_args, _e8_table, _meta
+from ..attention import ExactWindow, _pair
+from . import kernel_formats, check_device, interpreting, tile
+from .decode import _load_rows, _attend, _code_blocks, _window_blocks, _block_n, _check_pages, _page_view, _check_i32, _window_args, _kv_args
 
 # %% auto #0
 __all__ = ['prefill_kernel', 'prefill']
@@ -22,15 +22,16 @@ __all__ = ['prefill_kernel', 'prefill']
 # %% ../../nbs/33_kernels.prefill.ipynb #9a8989a4
 @triton.jit(do_not_specialize=["SINKS", "RECENT", "G", "PAGE"])
 def prefill_kernel(q_ptr, kn_ptr, vn_ptr, qo_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, prefix_ptr,
-                   ks_ptr, vs_ptr, kr_ptr, vr_ptr, wslot_ptr, table_ptr, o_ptr, lse_ptr,
+                   ks_ptr, vs_ptr, kr_ptr, vr_ptr, wslot_ptr, kt_ptr, vt_ptr, o_ptr, lse_ptr,
                    stride_qt, stride_qh, stride_nt, stride_nh,
-                   stride_kp, stride_kn, stride_kh,
+                   stride_kp, stride_kn, stride_kh, stride_vp, stride_vn, stride_vh,
                    stride_ss, stride_sn, stride_sh,
                    stride_rs, stride_rn, stride_rh,
                    stride_ot, stride_oh, stride_lt,
                    SINKS, RECENT, G, PAGE, D,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr,
-                   FORMAT: tl.constexpr, NQ: tl.constexpr, WINDOW: tl.constexpr, DOT_BF16: tl.constexpr):
+                   K_FORMAT: tl.constexpr, V_FORMAT: tl.constexpr, K_NS: tl.constexpr, V_NS: tl.constexpr,
+                   WINDOW: tl.constexpr, DOT_BF16: tl.constexpr):
     "One (sequence, KV head, tile of packed query rows): prefix code blocks + window + causal chunk."
     b, h, mt = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     q0 = tl.load(qo_ptr + b)
@@ -58,8 +59,9 @@ def prefill_kernel(q_ptr, kn_ptr, vn_ptr, qo_ptr, k_ptr, v_ptr, indptr_ptr, indi
         else:
             s_held = 0; rec_start = P
         n_code = tl.cdiv(tl.minimum(rec_start, P), BLOCK_N)   # P < SINKS: no code page is read (the table may hold none)
-        m, l, acc = _code_blocks(q_hi, q_lo, m, l, acc, 0, n_code, p0, h, indices_ptr, k_ptr, v_ptr, table_ptr,
-                                 stride_kp, stride_kn, stride_kh, PAGE, P, s_held, rec_start, offs_n, offs_d, D, FORMAT, D_PAD, NQ, BLOCK_N, DOT_BF16)
+        m, l, acc = _code_blocks(q_hi, q_lo, m, l, acc, 0, n_code, p0, h, indices_ptr, k_ptr, v_ptr, kt_ptr, vt_ptr,
+                                 stride_kp, stride_kn, stride_kh, stride_vp, stride_vn, stride_vh, PAGE, P, s_held, rec_start,
+                                 offs_n, offs_d, D, K_FORMAT, V_FORMAT, K_NS, V_NS, D_PAD, BLOCK_N, DOT_BF16)
         # 2. the window's exact rows of the prefix
         if WINDOW:
             slot = tl.load(wslot_ptr + b).to(tl.int64)
@@ -88,17 +90,18 @@ def prefill(q:Tensor, # float [T, Hq, D]: the chunks' queries (original domain)
             k_pages:Tensor, v_pages:Tensor, # uint8 [num_pages, page_size, kv_heads, row_bytes]
             indptr:Tensor, indices:Tensor, # int32 page table (covers at least each prefix)
             prefix_lens:Tensor, # int32 [B]
-            codec:Codec, scale:float|None=None,
+            codec:Codec|tuple[Codec, Codec], # a format of `KERNEL_FORMATS`, or a (key codec, value codec) pair
+            scale:float|None=None,
             window:ExactWindow|None=None, window_slots:Tensor|None=None,
             max_chunk:int|None=None, # >= the longest chunk (default: read from qo_indptr, a device sync); rows beyond it are not computed
             block_m:int|None=None, block_n:int|None=None, # tile sizes: packed query rows, K/V rows per step (default: `hqkv.kernels.tile`'s)
             return_lse:bool=False,
            ) -> Tensor|tuple[Tensor, Tensor]: # o [T, Hq, D] in q's dtype (and lse float32 [T, Hq])
     "Chunked-prefill attention over coded prefix pages + the chunk's exact K/V, causal, in Triton."
-    fmt = kernel_format(codec)
-    _check_pages(k_pages, v_pages, codec)
+    kernel_formats(codec)                                          # a format the kernels do not read: ValueError naming those they do
+    (kc, vc), _ = _pair(codec), _check_pages(k_pages, v_pages, codec)
     _, PAGE, Hkv, _ = k_pages.shape
-    D = codec.head_dim
+    D = kc.head_dim
     for n, t in (("q", q), ("k_new", k_new), ("v_new", v_new)):
         if not isinstance(t, Tensor) or not t.is_floating_point() or t.ndim != 3 or t.shape[-1] != D:
             raise ValueError(f"{n} must be float [T, heads, {D}], got {getattr(t, 'dtype', None)} {tuple(getattr(t, 'shape', ()))}")
@@ -115,18 +118,17 @@ def prefill(q:Tensor, # float [T, Hq, D]: the chunks' queries (original domain)
     t = tile("prefill", D, dev)
     block_m, block_n = t.block_m if block_m is None else block_m, _block_n(t.block_n if block_n is None else block_n, PAGE)
     scale = 1 / math.sqrt(D) if scale is None else float(scale)
-    qr = (codec.rotate(q.float()) * scale).contiguous()
-    kr, vr = codec.rotate(k_new.float()).contiguous(), codec.rotate(v_new.float()).contiguous()
-    kp, vp = _page_view(k_pages, fmt), _page_view(v_pages, fmt)
+    qr = (kc.rotate(q.float()) * scale).contiguous()                # scores in the keys' domain ...
+    kr, vr = kc.rotate(k_new.float()).contiguous(), vc.rotate(v_new.float()).contiguous()   # ... outputs in the values'
+    kp, vp, kt, vt, meta = _kv_args(codec, k_pages, v_pages, qr)
     wt, wst, S, R, has_w = _window_args(window, window_slots, B, Hkv, D, dev, qr)
-    table = _e8_table(codec, dev) if fmt == 1 else qr
     o_rot = torch.empty(T, Hq, D, device=dev); lse = torch.empty(T, Hq, device=dev)
     grid = (B, Hkv, max(1, triton.cdiv(max_chunk * G, block_m)))
     prefill_kernel[grid](
-        qr, kr, vr, qo_indptr, kp, vp, indptr, indices, prefix_lens, *wt, table, o_rot, lse,
-        qr.stride(0), qr.stride(1), kr.stride(0), kr.stride(1), kp.stride(0), kp.stride(1), kp.stride(2), *wst,
+        qr, kr, vr, qo_indptr, kp, vp, indptr, indices, prefix_lens, *wt, kt, vt, o_rot, lse,
+        qr.stride(0), qr.stride(1), kr.stride(0), kr.stride(1), *kp.stride()[:3], *vp.stride()[:3], *wst,
         o_rot.stride(0), o_rot.stride(1), lse.stride(0),
-        S, R, G, PAGE, D, BLOCK_M=block_m, BLOCK_N=block_n, D_PAD=triton.next_power_of_2(D), FORMAT=fmt, **_meta(codec, fmt), WINDOW=has_w, DOT_BF16=not interpreting(),
+        S, R, G, PAGE, D, BLOCK_M=block_m, BLOCK_N=block_n, D_PAD=triton.next_power_of_2(D), **meta, WINDOW=has_w, DOT_BF16=not interpreting(),
         num_warps=t.num_warps, num_stages=t.num_stages)
-    o = codec.unrotate(o_rot).to(q.dtype)
+    o = vc.unrotate(o_rot).to(q.dtype)
     return (o, lse) if return_lse else o

@@ -11,7 +11,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 from ..codec import Codec
-from . import kernel_format, check_device, tile
+from ..attention import _pair
+from . import kernel_format, kernel_formats, check_device, tile
 from .decode import _check_pages
 
 # %% auto #0
@@ -87,14 +88,14 @@ def store_kernel(x_ptr, pages_ptr, slot_ptr, abs_ptr, par_ptr, T,
 def store(k:Tensor, v:Tensor, # float [T, kv_heads, D]: new rows, original domain
           k_pages:Tensor, v_pages:Tensor, # uint8 [num_pages, page_size, kv_heads, row_bytes], written in place
           slot_mapping:Tensor, # int64 [T]: page_id * page_size + offset of each token
-          codec:Codec, # bf16 or hq-e8-2b
+          codec:Codec|tuple[Codec, Codec], # a format of `KERNEL_FORMATS`, or a (key codec, value codec) pair
           check:bool=True, # verify every slot is inside the pool (a device sync)
           block_t:int=16):
     "Encode new K/V rows and write them into their page rows (in place)."
-    fmt = kernel_format(codec)
-    _check_pages(k_pages, v_pages, codec)
+    kernel_formats(codec)                                          # a format the kernels do not read: ValueError naming those they do
+    (kc, vc), _ = _pair(codec), _check_pages(k_pages, v_pages, codec)
     N, PAGE, Hkv, _ = k_pages.shape
-    D = codec.head_dim
+    D = kc.head_dim
     for n, t in (("k", k), ("v", v)):
         if not isinstance(t, Tensor) or not t.is_floating_point() or t.ndim != 3 or tuple(t.shape[1:]) != (Hkv, D) or t.stride(-1) != 1:
             raise ValueError(f"{n} must be float [T, {Hkv}, {D}] with contiguous rows, got {getattr(t, 'dtype', None)} {tuple(getattr(t, 'shape', ()))}")
@@ -109,18 +110,21 @@ def store(k:Tensor, v:Tensor, # float [T, kv_heads, D]: new rows, original domai
         if lo < 0 or hi >= N * PAGE: raise ValueError(f"slot_mapping must be in [0, {N * PAGE}), got [{lo}, {hi}]")
         if torch.unique(slot_mapping).numel() != T: raise ValueError("slot_mapping names a page row twice")
         if not bool(torch.isfinite(k).all() & torch.isfinite(v).all()): raise ValueError("k/v contain NaN or Inf")
-    if fmt == 0:
-        for x, pages in ((k, k_pages), (v, v_pages)):
-            p = pages.view(torch.int16)
-            store_kernel[(triton.cdiv(T, block_t), Hkv)](
-                x, p, slot_mapping, x, x, T, x.stride(0), x.stride(1), p.stride(0), p.stride(1), p.stride(2), D,
-                D_PAD=triton.next_power_of_2(D), PAGE=PAGE, BLOCK_T=block_t, FORMAT=0, PB=1)
-        return
-    from hqkv.codec.e8 import E8P_ABS, E8P_PARITY, e8p_decode
-    abs_t, par_t = E8P_ABS.to(k.device).contiguous(), E8P_PARITY.to(device=k.device, dtype=torch.int32)
-    t = tile("store", D, k.device)                                  # BLOCK_T rows per program, PB patterns scored per step
+    for x, pages, c in ((k, k_pages, kc), (v, v_pages, vc)): _store_rows(x, pages, slot_mapping, c, block_t)
+
+def _store_rows(x, pages, slot_mapping, codec, block_t):
+    "Code rows x [T, kv_heads, D] into `pages` at `slot_mapping`: bf16 and hq-e8-2b in the store kernel, the others by the codec."
+    fmt, (T, Hkv, D), PAGE = kernel_format(codec), x.shape, pages.shape[1]
     pid, row = slot_mapping // PAGE, slot_mapping % PAGE
-    for x, pages in ((k, k_pages), (v, v_pages)):
+    if fmt == 0:
+        p = pages.view(torch.int16)
+        store_kernel[(triton.cdiv(T, block_t), Hkv)](
+            x, p, slot_mapping, x, x, T, x.stride(0), x.stride(1), p.stride(0), p.stride(1), p.stride(2), D,
+            D_PAD=triton.next_power_of_2(D), PAGE=PAGE, BLOCK_T=block_t, FORMAT=0, PB=1)
+    elif fmt == 1:
+        from hqkv.codec.e8 import E8P_ABS, E8P_PARITY, e8p_decode
+        abs_t, par_t = E8P_ABS.to(x.device).contiguous(), E8P_PARITY.to(device=x.device, dtype=torch.int32)
+        t = tile("store", D, x.device)                              # BLOCK_T rows per program, PB patterns scored per step
         z, unit = _e8_prepare(codec, x)                             # rotate + normalise: the codec's arithmetic
         store_kernel[(triton.cdiv(T, t.block_n), Hkv)](
             z, pages, slot_mapping, abs_t, par_t, T, z.stride(0), z.stride(1), pages.stride(0), pages.stride(1), pages.stride(2), D,
@@ -128,6 +132,7 @@ def store(k:Tensor, v:Tensor, # float [T, kv_heads, D]: new rows, original domai
         b = pages[pid, row][..., : D // 4].to(torch.int64)          # the codewords just written, [T, Hkv, D/4]
         c = e8p_decode(b[..., 0::2] | (b[..., 1::2] << 8)).reshape(T * Hkv, D)
         pages[pid, row, :, D // 4:] = _e8_scales(codec, z, c, unit).reshape(T, Hkv, -1)
+    else: pages[pid, row] = codec.encode(x)                         # tbq, q8_0, q4_0: the codec's own torch code, on the pages' device
 
 def _e8_prepare(codec, x):
     "Rotated rows normalised per quarter, z [T, kv_heads, D], and the quarters' units [T*kv_heads, Q]: `HQE8._encode`'s first steps, op for op."
