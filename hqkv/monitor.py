@@ -6,7 +6,7 @@ Docs: https://hqkv.github.io/hqkv/monitor.html.md"""
 
 # %% ../nbs/60_monitor.ipynb #7a7b3c73
 from __future__ import annotations
-import io, time
+import io, logging, threading, time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +15,10 @@ from fastcore.basics import patch
 from .pool import KVPool
 from .sizing import row_bytes
 
+_log = logging.getLogger("hqkv.monitor")
+
 # %% auto #0
-__all__ = ['BAND_COLORS', 'BANDS', 'SeqSample', 'PoolSample', 'pool_figure', 'PoolMonitor', 'pool_state']
+__all__ = ['BAND_COLORS', 'BANDS', 'SeqSample', 'PoolSample', 'pool_figure', 'PoolMonitor', 'pool_state', 'PoolFeed']
 
 # %% ../nbs/60_monitor.ipynb #8032d7a7
 @dataclass(slots=True)
@@ -30,12 +32,14 @@ class SeqSample:
     reserved: int      # pages reserved for it and not drawn yet
 
     def __post_init__(self):
-        if not 0 <= self.shared <= self.used: raise ValueError(f"shared pages {self.shared} outside [0, used={self.used}]")
-        if min(self.tokens, self.bound_tokens, self.used, self.reserved) < 0: raise ValueError(f"negative count in {self!r}")
+        if not 0 <= self.shared <= self.used:
+            raise ValueError(f"shared pages {self.shared} outside [0, used={self.used}]")
+        if min(self.tokens, self.bound_tokens, self.used, self.reserved) < 0:
+            raise ValueError(f"negative count in {self!r}")
 
 @dataclass(slots=True)
 class PoolSample:
-    "The pool at one instant: its metrics as reported, four disjoint page bands that sum to `total`, and the live requests."
+    "The pool at one instant: its metrics as reported, four disjoint page bands summing to `total`, the live requests."
     step: int                 # the engine step (or sample number) this was taken at
     time: float               # seconds since the monitor started
     metrics: dict             # `KVPool.metrics()` at this instant, untouched
@@ -47,9 +51,11 @@ class PoolSample:
 
     def __post_init__(self):
         if min(self.used, self.reserved, self.retained, self.free) < 0:
-            raise ValueError(f"negative page band at step {self.step}: used={self.used} reserved={self.reserved} retained={self.retained} free={self.free}")
+            raise ValueError(f"negative page band at step {self.step}: used={self.used} reserved={self.reserved} "
+                             f"retained={self.retained} free={self.free}")
         if self.used + self.reserved + self.retained + self.free != self.total:
-            raise ValueError(f"page bands at step {self.step} sum to {self.used + self.reserved + self.retained + self.free}, the pool has {self.total}")
+            raise ValueError(f"page bands at step {self.step} sum to "
+                             f"{self.used + self.reserved + self.retained + self.free}, the pool has {self.total}")
 
     @property
     def total(self) -> int: return self.metrics["hqkv_kv_pool_pages"]
@@ -63,17 +69,21 @@ class PoolSample:
           ) -> PoolSample:
         "Read `pool` now."
         m = pool.metrics()
-        free, retained, reserved = m["hqkv_kv_pool_free_pages"], m["hqkv_kv_pool_retained_pages"], m["hqkv_kv_pool_reserved_pages"]
-        from_free = min(reserved, free)   # the allocator draws free pages first, evicts retained ones only when the free list is empty
+        free, retained = m["hqkv_kv_pool_free_pages"], m["hqkv_kv_pool_retained_pages"]
+        reserved = m["hqkv_kv_pool_reserved_pages"]
+        # the allocator draws free pages first, evicts retained ones only when the free list is empty
+        from_free = min(reserved, free)
         seqs = _seq_samples(pool) if per_seq else ()
-        return cls(step, t, m, m["hqkv_kv_pool_used_pages"], reserved, retained - (reserved - from_free), free - from_free, seqs)
+        return cls(step, t, m, m["hqkv_kv_pool_used_pages"], reserved, retained - (reserved - from_free),
+                   free - from_free, seqs)
 
 def _seq_samples(pool:KVPool) -> tuple:
     a, pt = pool.alloc, pool.page_tokens
     out = []
     for sid in a.seq_ids:
         pages, bound = a.pages(sid), a.bound(sid)
-        out.append(SeqSample(sid, a.length(sid), bound, len(pages), sum(a.refcount(p) > 1 for p in pages), -(-bound // pt) - len(pages)))
+        out.append(SeqSample(sid, a.length(sid), bound, len(pages), sum(a.refcount(p) > 1 for p in pages),
+                             -(-bound // pt) - len(pages)))
     return tuple(out)
 
 # %% ../nbs/60_monitor.ipynb #24a27384
@@ -81,7 +91,8 @@ BAND_COLORS = {"used": "#4C72B0", "reserved": "#F0A35E", "retained": "#55A868", 
 
 def _fig_summary(s:PoolSample) -> str:
     m = s.metrics
-    return (f"step {s.step}: {len(s.seqs)} live requests · used {s.used} · reserved {s.reserved} · retained {s.retained} · "
+    return (f"step {s.step}: {len(s.seqs)} live requests · used {s.used} · reserved {s.reserved} · "
+            f"retained {s.retained} · "
             f"free {s.free} of {s.total} pages · prefix-reused {m['hqkv_kv_prefix_reused_tokens_total']:,} tokens · "
             f"evictions {m['hqkv_kv_pool_evictions_total']}")
 
@@ -92,10 +103,12 @@ def pool_figure(samples,                 # `PoolSample`s in step order (e.g. `Po
                 max_bars:int=12,         # most requests drawn in the per-request panel
                 figsize=(11, 4.6),       # inches
                ):
-    "A matplotlib Figure: the pool's page bands over time (left) and used vs reserved pages per live request at one step (right)."
+    "A matplotlib Figure: the page bands over time (left), used vs reserved pages per live request at one step (right)."
     try: from matplotlib.figure import Figure
-    except ImportError: raise ImportError("drawing the pool monitor needs matplotlib: pip install 'hqkv[notebook]'") from None
-    if isinstance(max_bars, bool) or not isinstance(max_bars, int) or max_bars < 1: raise ValueError(f"max_bars must be an int >= 1, got {max_bars!r}")
+    except ImportError:
+        raise ImportError("drawing the pool monitor needs matplotlib: pip install 'hqkv[notebook]'") from None
+    if isinstance(max_bars, bool) or not isinstance(max_bars, int) or max_bars < 1:
+        raise ValueError(f"max_bars must be an int >= 1, got {max_bars!r}")
     samples = list(samples)
     if at is None: now = samples[-1] if samples else None
     else:
@@ -113,7 +126,9 @@ def pool_figure(samples,                 # `PoolSample`s in step order (e.g. `Po
     fig.text(0.01, 0.015, caption, fontsize=8, family="monospace", ha="left", va="bottom", gid="caption")
     if now is None:
         fig.suptitle("no samples yet", fontsize=10, x=0.01, ha="left")
-        for a in (ax, bx): a.text(0.5, 0.5, "no samples yet", ha="center", va="center", transform=a.transAxes, color="gray"); a.set_xticks([]); a.set_yticks([])
+        for a in (ax, bx):
+            a.text(0.5, 0.5, "no samples yet", ha="center", va="center", transform=a.transAxes, color="gray")
+            a.set_xticks([]); a.set_yticks([])
         return fig
     fig.suptitle(_fig_summary(now), fontsize=9.5, x=0.01, ha="left")
     # left: the bands as steps (a sample's state holds until the next sample), stacked
@@ -128,7 +143,8 @@ def pool_figure(samples,                 # `PoolSample`s in step order (e.g. `Po
     ax.set_xlim(xs[0], xs[-1]); ax.set_ylim(0, now.total * 1.02)
     ax.axhline(now.total, color="black", linewidth=0.6)
     if now is not samples[-1]: ax.axvline(now.step, color="black", linestyle="--", linewidth=0.9)
-    ax.legend(loc="lower left", bbox_to_anchor=(0, 1.06), ncols=4, fontsize=8, frameon=False, borderaxespad=0, handlelength=1.2)
+    ax.legend(loc="lower left", bbox_to_anchor=(0, 1.06), ncols=4, fontsize=8, frameon=False, borderaxespad=0,
+              handlelength=1.2)
     # right: the live requests at `now`
     title = f"pages per live request at step {now.step}"
     seqs = sorted(now.seqs, key=lambda q: q.used + q.reserved, reverse=True)[:max_bars]
@@ -141,16 +157,19 @@ def pool_figure(samples,                 # `PoolSample`s in step order (e.g. `Po
         return fig
     y = list(range(len(seqs)))[::-1]
     shared, own, res = [q.shared for q in seqs], [q.used - q.shared for q in seqs], [q.reserved for q in seqs]
-    bx.barh(y, shared, color=BAND_COLORS["used"], alpha=0.55, hatch="///", edgecolor="white", linewidth=0, label="used, shared")
+    bx.barh(y, shared, color=BAND_COLORS["used"], alpha=0.55, hatch="///", edgecolor="white", linewidth=0,
+            label="used, shared")
     bx.barh(y, own, left=shared, color=BAND_COLORS["used"], label="used")
     bx.barh(y, res, left=[a + b for a, b in zip(shared, own)], color=BAND_COLORS["reserved"], label="reserved")
     bx.set_yticks(y, [str(q.seq_id)[:14] for q in seqs], fontsize=8)
     top = max(max(q.used + q.reserved for q in seqs), 1)
     for yi, q in zip(y, seqs):
-        bx.text(q.used + q.reserved + top * 0.02, yi, f"{q.tokens}/{q.bound_tokens} tok", va="center", fontsize=7, color="dimgray")
+        bx.text(q.used + q.reserved + top * 0.02, yi, f"{q.tokens}/{q.bound_tokens} tok", va="center", fontsize=7,
+                color="dimgray")
     bx.set_xlim(0, top * 1.35)
     bx.set_ylim(-0.6, max(len(seqs), 4) - 0.4)
-    bx.legend(loc="lower left", bbox_to_anchor=(0, 1.06), ncols=3, fontsize=8, frameon=False, borderaxespad=0, handlelength=1.2)
+    bx.legend(loc="lower left", bbox_to_anchor=(0, 1.06), ncols=3, fontsize=8, frameon=False, borderaxespad=0,
+              handlelength=1.2)
     return fig
 
 # %% ../nbs/60_monitor.ipynb #2d7986c1
@@ -158,7 +177,8 @@ def _as_pool(source) -> KVPool:
     if isinstance(source, KVPool): return source
     pool = getattr(source, "pool", None)
     if isinstance(pool, KVPool): return pool
-    raise TypeError(f"PoolMonitor needs a KVPool or an object whose .pool is one (an Engine), got {type(source).__name__}")
+    raise TypeError("PoolMonitor needs a KVPool or an object whose .pool is one (an Engine), got "
+                    f"{type(source).__name__}")
 
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -187,9 +207,11 @@ class PoolMonitor:
               ) -> PoolSample:
         "Read the pool now, append to `history`, redraw the widget if it is due; returns the sample."
         if step is None: step = self._n
-        elif isinstance(step, bool) or not isinstance(step, int): raise TypeError(f"step must be an int, got {type(step).__name__}")
+        elif isinstance(step, bool) or not isinstance(step, int):
+            raise TypeError(f"step must be an int, got {type(step).__name__}")
         pool = self.pool
-        if pool is not self._pool: self._pool = pool; self.clear()   # the engine built a new pool (reconfigure): a new history
+        # the engine built a new pool (reconfigure): a new history
+        if pool is not self._pool: self._pool = pool; self.clear()
         s = PoolSample.of(pool, step, time.monotonic() - self._t0, self.per_seq)
         self.history.append(s); self._n += 1
         if self._view is not None and time.monotonic() >= self._next_draw: self.refresh()
@@ -206,10 +228,12 @@ class PoolMonitor:
 
     def series(self, name:str) -> list[int]:
         "One band (`used`, `reserved`, `retained`, `free`), `step`, `time`, or a metric name, across the history."
-        if name in ("used", "reserved", "retained", "free", "step", "time", "total"): return [getattr(s, name) for s in self.history]
+        if name in ("used", "reserved", "retained", "free", "step", "time", "total"):
+            return [getattr(s, name) for s in self.history]
         known = self.pool.metrics()
         if name not in known:
-            raise ValueError(f"unknown series {name!r}: use used, reserved, retained, free, step, time, total or a metric: {', '.join(known)}")
+            raise ValueError(f"unknown series {name!r}: use used, reserved, retained, free, step, time, total or a "
+                             f"metric: {', '.join(known)}")
         return [s.metrics[name] for s in self.history]
 
     def clear(self):
@@ -241,7 +265,8 @@ def save_png(self:PoolMonitor,
              dpi:int=120):        # resolution
     "Write the figure to a PNG file; returns the path."
     path = Path(path)
-    if path.suffix.lower() != ".png": raise ValueError(f"save_png writes PNG: the path should end in .png, got {str(path)!r}")
+    if path.suffix.lower() != ".png":
+        raise ValueError(f"save_png writes PNG: the path should end in .png, got {str(path)!r}")
     data = self.png(at, dpi)   # draw first: a bad `at` leaves no file behind
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
@@ -254,7 +279,8 @@ def _repr_png_(self:PoolMonitor): return self.png()
 @patch
 def widget(self:PoolMonitor,
            min_interval:float=0.5,   # least seconds between redraws that `sample()` triggers
-           max_share:float=0.2,      # most of the wall time redraws may take: after a redraw of d seconds the next waits d*(1/max_share - 1)
+           # most of the wall time redraws may take: after a redraw of d seconds the next waits d*(1/max_share - 1)
+           max_share:float=0.2,
            dpi:int=80):              # resolution of the live image
     "An ipywidgets VBox (image + status line) that redraws as samples arrive."
     try: import ipywidgets as W
@@ -302,9 +328,11 @@ def attach(self:PoolMonitor,
     "Sample after every `every`-th engine step, through the engine's `on_step(callback)` hook; returns self."
     hook = getattr(engine, "on_step", None)
     if not callable(hook):
-        raise TypeError(f"{type(engine).__name__} has no on_step(callback) hook: call monitor.sample() in your step loop instead")
+        raise TypeError(f"{type(engine).__name__} has no on_step(callback) hook: call monitor.sample() in your "
+                        "step loop instead")
     if _as_pool(engine) is not self.pool: raise ValueError("the engine's pool is not the pool this monitor watches")
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1: raise ValueError(f"every must be an int >= 1, got {every!r}")
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ValueError(f"every must be an int >= 1, got {every!r}")
     self.detach()
     self.source = engine   # follow engine.pool from now on (reconfigure builds a new one)
     steps = self.last.step if self.history else 0   # engine steps since attach, continuing the history's numbering
@@ -331,23 +359,58 @@ def as_dict(self:PoolSample,
            ) -> dict:
     "The sample as JSON-ready plain data: step, time, total, the four bands, and the live requests and metrics."
     d = {"step": self.step, "time": round(self.time, 4), "total": self.total, **{b: getattr(self, b) for b in BANDS}}
-    if seqs: d["seqs"] = [{"seq_id": q.seq_id if isinstance(q.seq_id, (int, str)) else str(q.seq_id), "tokens": q.tokens,
-                           "bound_tokens": q.bound_tokens, "used": q.used, "shared": q.shared, "reserved": q.reserved} for q in self.seqs]
+    if seqs:
+        d["seqs"] = [{"seq_id": q.seq_id if isinstance(q.seq_id, (int, str)) else str(q.seq_id), "tokens": q.tokens,
+                           "bound_tokens": q.bound_tokens, "used": q.used, "shared": q.shared,
+                      "reserved": q.reserved} for q in self.seqs]
     if metrics: d["metrics"] = dict(self.metrics)
     return d
 
 # %% ../nbs/60_monitor.ipynb #f591db90
-def pool_state(source,            # a `KVPool`, or an object whose `.pool` is one (an Engine: then its plan line and bit plan)
+# a `KVPool`, or an object whose `.pool` is one (an Engine: then its plan line and bit plan)
+def pool_state(source,
                step:int=0,        # the step number to file the sample under
                t:float=0.0,       # seconds since the watcher started
                per_seq:bool=True, # also each live request
               ) -> dict:
-    "The pool now as plain data: `PoolSample.of(...).as_dict()` plus the plan line, the format, the bit plan and the band colors."
+    "The pool now as plain data: `PoolSample.of(...).as_dict()`, plan line, format, bit plan and band colors."
     pool = _as_pool(source)
     lay = pool.layout
     bits = lambda f: row_bytes(f, lay.head_dim) * 8 / lay.head_dim
     return PoolSample.of(pool, step, t, per_seq).as_dict() | {
         "plan": (source if callable(getattr(source, "plan_line", None)) else pool).plan_line(),
         "format": pool.kv_format, "bit_plan": getattr(source, "bit_plan", None) or "none",
-        "layers": [{"layer": l, "k": k, "v": v, "k_bits": bits(k), "v_bits": bits(v)} for l, k, v in zip(lay.layers, lay.k_formats, lay.v_formats)],
+        "layers": [{"layer": l, "k": k, "v": v, "k_bits": bits(k), "v_bits": bits(v)} for l, k,
+                   v in zip(lay.layers, lay.k_formats, lay.v_formats)],
         "page_tokens": pool.page_tokens, "page_bytes": pool.page_bytes, "colors": dict(BAND_COLORS)}
+
+# %% ../nbs/60_monitor.ipynb #77ac1594
+class PoolFeed:
+    "The pool as the Playground reads it: `pool_state` after each step (engine thread), a history of the bands."
+    def __init__(self, max_points:int=4096): # band rows kept (a row per step that changed something)
+        self._lock, self._t0 = threading.Lock(), time.monotonic()
+        self._history: deque = deque(maxlen=max_points)   # {step, time, used, reserved, retained, free}, oldest first
+        self._state: dict = {}
+        # reading the pool raised once (logged): the state stays the last one read
+        self.failed = False
+
+    def record(self, engine, # the engine (read on its own thread only)
+               names:dict|None=None): # pool sequence id -> the HTTP id of its request (`Job.rid`)
+        "Take the pool's state now: the latest state, and a history row when a band or the step changed."
+        try: s = pool_state(engine, engine.counters["steps_total"], time.monotonic() - self._t0)
+        except Exception as e:                           # the Monitor stops, serving goes on (logged once)
+            if not self.failed:
+                _log.warning(f"the Playground's pool feed failed ({type(e).__name__}: {e}): the Monitor shows the "
+                             "last state it read")
+            self.failed = True; return
+        for q in s["seqs"]: q["request"] = (names or {}).get(q["seq_id"])
+        row = {k: s[k] for k in ("step", "time", *BANDS)}
+        with self._lock:
+            last = self._history[-1] if self._history else None
+            if last is None or any(last[k] != row[k] for k in ("step", *BANDS)): self._history.append(row)
+            self._state = s
+
+    def read(self, since:float|None=None) -> dict: # seconds on the feed's clock: only history rows after it (None: all)
+        "The latest state, `now` on the feed's clock, and the history rows after `since`."
+        with self._lock: s, rows = self._state, [r for r in self._history if since is None or r["time"] > since]
+        return s | {"now": round(time.monotonic() - self._t0, 4), "history": rows}

@@ -12,16 +12,19 @@ from importlib.resources import files
 from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any
+from fastcore.basics import patch
 from .engine import Engine, EngineConfig, SamplingParams
-from .monitor import BANDS, pool_state
+from .monitor import PoolFeed
+from .openai_api import BadRequest, chat_messages, _max_tokens, _no_control_tokens, _sampling, _stops, _utf8
+from .loadtest import load_test   # re-exported: `hqkv.serve.load_test` (studies/54_serve)
 try: from starlette.requests import Request     # the type FastAPI injects by annotation (fastapi: the `serve` extra)
 except ImportError: Request = None
 
 _log = logging.getLogger("hqkv.serve")
 
 # %% auto #0
-__all__ = ['ROLES', 'PLAYGROUND_DIR', 'HEADER_TIMEOUT', 'Job', 'ServeMetrics', 'EngineWorker', 'held_back', 'BadRequest',
-           'chat_messages', 'make_app', 'PoolFeed', 'header_timeout_protocol', 'load_test']
+__all__ = ['PLAYGROUND_DIR', 'HEADER_TIMEOUT', 'Job', 'ServeMetrics', 'EngineWorker', 'held_back', 'make_app',
+           'header_timeout_protocol']
 
 # %% ../nbs/43_serve.ipynb #ab4136ec
 @dataclass(eq=False)
@@ -42,7 +45,8 @@ class Job:
     t_submit: float = field(default_factory=time.perf_counter)
     t_last: float|None = None
     closed: bool = False
-    rid: str = ""                     # the id its client sees (cmpl-..., chatcmpl-...): the Playground finds its pages by it
+    # the id its client sees (cmpl-..., chatcmpl-...): the Playground finds its pages by it
+    rid: str = ""
     sent: int = 0                     # characters of `text` streamed so far (the rest could still begin a stop string)
 
     def put(self, item):
@@ -51,16 +55,21 @@ class Job:
 
 # %% ../nbs/43_serve.ipynb #a55c568f
 class ServeMetrics:
-    "The server's Prometheus registry: the engine's and the pool's numbers as of the last step, the door, and latency histograms."
+    "The server's Prometheus registry: engine and pool numbers as of the last step, the door, latency histograms."
     def __init__(self):
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
         self.registry = CollectorRegistry(auto_describe=False)
-        self.snapshot: dict = {}                       # engine.metrics() after the last step (written by the worker thread)
+        # engine.metrics() after the last step (written by the worker thread)
+        self.snapshot: dict = {}
         buckets = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-        self.ttft = Histogram("hqkv_serve_time_to_first_token_seconds", "Submit to first token", buckets=buckets, registry=self.registry)
-        self.itl = Histogram("hqkv_serve_inter_token_latency_seconds", "Between two tokens of a request", buckets=buckets, registry=self.registry)
-        self.duration = Histogram("hqkv_serve_request_duration_seconds", "Submit to the last token", buckets=buckets + (120, 300), registry=self.registry)
-        self.refused = Counter("hqkv_serve_refused", "Requests refused at the door, by HTTP code", ["code"], registry=self.registry)
+        self.ttft = Histogram("hqkv_serve_time_to_first_token_seconds",
+                              "Submit to first token", buckets=buckets, registry=self.registry)
+        self.itl = Histogram("hqkv_serve_inter_token_latency_seconds",
+                             "Between two tokens of a request", buckets=buckets, registry=self.registry)
+        self.duration = Histogram("hqkv_serve_request_duration_seconds",
+                                  "Submit to the last token", buckets=buckets + (120, 300), registry=self.registry)
+        self.refused = Counter("hqkv_serve_refused", "Requests refused at the door, by HTTP code", ["code"],
+                               registry=self.registry)
         self.queue = Gauge("hqkv_serve_queue_depth", "Requests accepted and not yet running", registry=self.registry)
         self.registry.register(self)
     def describe(self): return []
@@ -73,9 +82,9 @@ class ServeMetrics:
         from prometheus_client import generate_latest
         return generate_latest(self.registry).decode()
 
-# %% ../nbs/43_serve.ipynb #7f370f7f
+# %% ../nbs/43_serve.ipynb #daf52aff
 class EngineWorker:
-    "The engine in a thread of its own (the only code that touches the model and the pool); jobs in and cancels through a queue."
+    "The engine in a thread of its own (the only code touching model and pool); jobs and cancels come by a queue."
     def __init__(self, engine:Engine, max_waiting:int=64):
         self.engine, self.max_waiting = engine, max_waiting
         self.metrics = ServeMetrics()
@@ -88,35 +97,40 @@ class EngineWorker:
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="hqkv-engine", daemon=True)
         self.error: BaseException|None = None
-        self.draining: float|None = None                 # shutting down: when the grace period ends (time.monotonic); the door answers 503
+        # shutting down: when the grace period ends (time.monotonic); the door answers 503
+        self.draining: float|None = None
 
     def start(self) -> EngineWorker:
-        "Run the loop in a thread of its own (tests, notebooks); `hqkv serve` runs it in the main thread instead (`run`)."
+        "Run the loop in a thread of its own (tests, notebooks); `hqkv serve` runs it in the main thread (`run`)."
         self._thread.start(); return self
     def run(self):
-        "Run the loop in this thread until `stop` (on CPU the main thread: glibc serves a secondary thread's large tensors by mmap, a page fault per allocation, 1.7x slower steps)."
+        "Run the loop in this thread until `stop` (on CPU the main one: a secondary thread's steps are 1.7x slower)."
+        # glibc serves a secondary thread's large tensors by mmap: a page fault per allocation
         self._thread = threading.current_thread(); self._loop()
     def stop(self, timeout:float=30):
         self._inbox.put(("stop", None)); self._thread.join(timeout)
     @property
     def alive(self) -> bool: return self._thread.is_alive()
 
-    def submit(self, job:Job) -> bool:
-        "Hand a job in; False when the queue is full (the door answers 429)."
-        with self._lock:
-            if self._accepted >= self.max_waiting: return False
-            self._accepted += 1
-            self.metrics.queue.set(self._accepted)
-        self._inbox.put(("submit", job)); return True
-    def cancel(self, job:Job): self._inbox.put(("cancel", job))
-    def drain(self, grace:float):
-        "Shut down gracefully: accept nothing new, let running requests finish for `grace` seconds, end the rest with an error, then stop."
-        if self.draining is None or time.monotonic() + grace < self.draining: self.draining = time.monotonic() + grace
-        self._inbox.put(("drain", None))
+# %% ../nbs/43_serve.ipynb #c00abc3b
+@patch
+def submit(self:EngineWorker, job:Job) -> bool:
+    "Hand a job in; False when the queue is full (the door answers 429)."
+    with self._lock:
+        if self._accepted >= self.max_waiting: return False
+        self._accepted += 1
+        self.metrics.queue.set(self._accepted)
+    self._inbox.put(("submit", job)); return True
+@patch
+def cancel(self:EngineWorker, job:Job): self._inbox.put(("cancel", job))
 
-# %% ../nbs/43_serve.ipynb #0b35afa1
-from fastcore.basics import patch
+@patch
+def drain(self:EngineWorker, grace:float):
+    "Shut down: accept nothing new, let running requests finish for `grace` seconds, end the rest with an error, stop."
+    if self.draining is None or time.monotonic() + grace < self.draining: self.draining = time.monotonic() + grace
+    self._inbox.put(("drain", None))
 
+# %% ../nbs/43_serve.ipynb #c57b81f9
 @patch
 def _loop(self:EngineWorker):
     eng = self.engine
@@ -135,7 +149,8 @@ def _loop(self:EngineWorker):
             if not eng.idle: eng.step()
             self._settle()
             if self.draining is not None and self._drained(): return
-    except BaseException as e:                       # the engine thread must not die silently: every open job hears of it
+    # the engine thread must not die silently: every open job hears of it
+    except BaseException as e:
         self.error = e; _log.exception("the engine thread stopped")
         for job in list(self._jobs): self._close(job, "error", f"the engine stopped: {type(e).__name__}: {e}")
 
@@ -144,19 +159,23 @@ def _drained(self:EngineWorker) -> bool:
     "While draining: past the grace period, end every open job with an error; True once nothing is open or queued."
     if time.monotonic() >= self.draining:
         for job in list(self._jobs):
-            self.engine.cancel(job.request); self._close(job, "error", "the server shut down before the request finished")
+            self.engine.cancel(job.request)
+            self._close(job, "error", "the server shut down before the request finished")
     return not self._jobs and self._inbox.empty() and self.engine.idle
 
+# %% ../nbs/43_serve.ipynb #8879dc15
 @patch
 def _start(self:EngineWorker, job:Job):
     "Submit a job's request (on the engine thread); a refusal closes it with the reason."
-    try: job.request = self.engine.submit(job.prompt_ids, job.max_tokens, job.sampling, on_token=lambda ev: self._token(job, ev))
+    try:
+        job.request = self.engine.submit(job.prompt_ids, job.max_tokens, job.sampling,
+                                         on_token=lambda ev: self._token(job, ev))
     except (ValueError, TypeError) as e: self._close(job, "error", str(e)); return
     self._jobs.add(job)
 
 @patch
 def _token(self:EngineWorker, job:Job, ev):
-    "A token of the job's request (engine thread): its text to the client, stop strings cut the text and end the request."
+    "A token of the job's request (engine thread): its text to the client; a stop string cuts the text and ends it."
     now = time.perf_counter()
     if job.t_last is None: self.metrics.ttft.observe(now - job.t_submit)
     else: self.metrics.itl.observe(now - job.t_last)
@@ -172,10 +191,12 @@ def _token(self:EngineWorker, job:Job, ev):
         return
     job.text = text; self._send(job, len(text) - held_back(text, job.stop))
 
+# %% ../nbs/43_serve.ipynb #40872199
 def held_back(text:str, stops) -> int:
-    "How many characters at the end of `text` could be the start of a stop string (a stream holds them back until they cannot)."
+    "How many characters at the end of `text` could begin a stop string (a stream holds them back until they cannot)."
     return max((k for s in stops for k in range(min(len(s) - 1, len(text)), 0, -1) if text.endswith(s[:k])), default=0)
 
+# %% ../nbs/43_serve.ipynb #b8a5da56
 @patch
 def _send(self:EngineWorker, job:Job, upto:int|None=None):
     "Stream the job's text from what was sent up to `upto` (None: all of it)."
@@ -188,7 +209,8 @@ def _settle(self:EngineWorker):
     for job in list(self._jobs):
         r = job.request
         if r.done:
-            reason = job.finish_reason or ("cancelled" if job.cancelled else {"length": "length", "stop": "stop"}.get(r.finish_reason, "error"))
+            reason = job.finish_reason or ("cancelled" if job.cancelled
+                                           else {"length": "length", "stop": "stop"}.get(r.finish_reason, "error"))
             self._close(job, reason, r.error)
     with self._lock:
         self._accepted = sum(1 for j in self._jobs if j.request.status == "waiting") + self._inbox.qsize()
@@ -205,105 +227,33 @@ def _close(self:EngineWorker, job:Job, reason:str, error:str|None=None):
     self.metrics.duration.observe(time.perf_counter() - job.t_submit)
     job.put(("done", reason))
 
-# %% ../nbs/43_serve.ipynb #956a03bc
-class BadRequest(Exception):
-    "A request refused at the door: HTTP `code` with an OpenAI-style error body."
-    def __init__(self, msg:str, code:int=400, param:str|None=None, headers:dict|None=None):
-        super().__init__(msg); self.code, self.param, self.headers = code, param, headers or {}
-
-_UNSUPPORTED = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1), "suffix": (None, ""),
-                "tools": (None, []), "functions": (None, []), "logit_bias": (None, {}), "frequency_penalty": (None, 0), "presence_penalty": (None, 0),
-                "response_format": (None, {"type": "text"}), "n": (None, 1)}   # field -> the values that ask for nothing (null: as if absent)
-ROLES = ("system", "user", "assistant")   # chat roles the server passes to the model's template
-
-def _sampling(body:dict) -> SamplingParams:
-    "OpenAI sampling fields -> SamplingParams (temperature defaults to 1, as OpenAI's), refusing what hqkv does not do."
-    for k, ok in _UNSUPPORTED.items():
-        if k in body and body[k] not in ok: raise BadRequest(f"{k}={body[k]!r} is not supported by hqkv serve", param=k)
-    t, p, seed = body.get("temperature", 1.0), body.get("top_p", 1.0), body.get("seed")
-    try: return SamplingParams(1.0 if t is None else t, 1.0 if p is None else p, seed)
-    except ValueError as e: raise BadRequest(str(e), param=str(e).split()[0]) from None
-
-def _stops(body:dict) -> tuple:
-    s = body.get("stop")
-    if s is None: return ()
-    s = [s] if isinstance(s, str) else s
-    if not isinstance(s, list) or not all(isinstance(x, str) and x for x in s) or len(s) > 4:
-        raise BadRequest(f"stop must be a non-empty string or a list of up to 4, got {body.get('stop')!r}", param="stop")
-    return tuple(s)
-
-def _utf8(s:str, what:str) -> str:
-    "`s` if it is text UTF-8 can carry (JSON lets a lone UTF-16 surrogate through; no tokenizer takes it)."
-    try: s.encode("utf-8")
-    except UnicodeEncodeError: raise BadRequest(f"{what} is not valid Unicode text: it holds a lone UTF-16 surrogate", param=what) from None
-    return s
-
-def _no_control_tokens(msgs:list, tok):
-    "Refuse chat content that spells one of the tokenizer's control tokens (it would become one: a role marker from a user)."
-    special = sorted({t for t in getattr(tok, "all_special_tokens", []) + list(getattr(tok, "added_tokens_encoder", {}) or {}) if len(t) > 1}, key=len, reverse=True)
-    for i, m in enumerate(msgs):
-        hit = next((t for t in special if t in m["content"]), None)
-        if hit: raise BadRequest(f"messages[{i}].content contains the control token {hit!r}; the server refuses them in chat content "
-                                 "(hqkv serve --allow-control-tokens lets them through)", param="messages")
-
-def chat_messages(msgs) -> list:
-    "OpenAI chat messages as the template takes them: known roles, content a string or a list of text parts (joined)."
-    if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
-        raise BadRequest("messages must be a non-empty list of {role, content} objects", param="messages")
-    out = []
-    for i, m in enumerate(msgs):
-        role, c = m.get("role"), m.get("content")
-        if role not in ROLES: raise BadRequest(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}", param="messages")
-        if isinstance(c, list):
-            bad = [p for p in c if not (isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str))]
-            if bad: raise BadRequest(f"messages[{i}].content: only text parts are supported, got {bad[0]!r}"[:300], param="messages")
-            c = "".join(p["text"] for p in c)
-        if not isinstance(c, str): raise BadRequest(f"messages[{i}].content must be a string or a list of text parts, got {type(c).__name__}", param="messages")
-        out.append({"role": role, "content": _utf8(c, "messages")})
-    return out
-
-def _max_tokens(body:dict, n_prompt:int, engine:Engine, default:int) -> int:
-    "max_tokens (or max_completion_tokens): a default, a cap, and a 400 with the numbers when the request can never fit."
-    m = body.get("max_completion_tokens")
-    if m is None: m = body.get("max_tokens")                 # null is absent, as in OpenAI's API
-    C, pool_tokens = engine.config.max_context, engine.pool.num_pages * engine.pool.page_tokens
-    if n_prompt >= C: raise BadRequest(f"the prompt of {n_prompt} tokens does not fit the context of {C} tokens (engine.max_context) "
-                                       "with one new token", param="prompt")
-    if m is None: m = max(1, min(default, C - n_prompt))
-    if isinstance(m, bool) or not isinstance(m, int) or m < 1: raise BadRequest(f"max_tokens must be a positive integer, got {m!r}", param="max_tokens")
-    need = n_prompt + m
-    if need > C: raise BadRequest(f"prompt of {n_prompt} tokens + max_tokens {m} = {need} tokens exceeds the context of {C} tokens "
-                                  f"(engine.max_context): ask for at most {max(0, C - n_prompt)} tokens", param="max_tokens")
-    if need > pool_tokens: raise BadRequest(f"prompt of {n_prompt} tokens + max_tokens {m} = {need} tokens can never fit the pool of {pool_tokens} tokens", param="max_tokens")
-    return m
-
-# %% ../nbs/43_serve.ipynb #f08b0045
+# %% ../nbs/43_serve.ipynb #f2c7345c
 PLAYGROUND_DIR = Path(str(files("hqkv"))) / "static"   # the Playground: playground.html, .css, .js
 
-def make_app(worker:EngineWorker, # the running engine worker
-             name:str, # the model name /v1/models reports
-             default_max_tokens:int=256,
-             max_body_bytes:int=4 << 20, # a larger request body is refused (413) before it is read whole
-             control_tokens:bool=False): # False: a completion prompt's control-token text is plain text, a chat message's is refused
-    "The FastAPI app: OpenAI-compatible completions and chat, models, health and metrics over `worker`; the Playground at `/`."
-    from fastapi import FastAPI
-    from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse, PlainTextResponse
-    from fastapi.staticfiles import StaticFiles
+# %% ../nbs/43_serve.ipynb #c16cb64f
+def _error_handlers(app, worker:EngineWorker):
+    "Refusals at the door (`BadRequest`) and HTTP errors (404, 405, ...) answered in OpenAI's error shape."
+    from fastapi.responses import JSONResponse
     from starlette.exceptions import HTTPException
-    from concurrent.futures import ThreadPoolExecutor
-    app, eng, tok = FastAPI(title="hqkv serve"), worker.engine, worker.engine.tokenizer
-    tokenize = ThreadPoolExecutor(1, thread_name_prefix="hqkv-tokenize")   # off the event loop: a huge prompt stalls nobody else
 
     @app.exception_handler(BadRequest)
     async def bad(request, e:BadRequest):
         worker.metrics.refused.labels(code=str(e.code)).inc()
         kind = "rate_limit_exceeded" if e.code == 429 else "invalid_request_error"
-        return JSONResponse({"error": {"message": str(e), "type": kind, "param": e.param, "code": None}}, e.code, headers=e.headers)
+        return JSONResponse({"error": {"message": str(e), "type": kind, "param": e.param, "code": None}}, e.code,
+                            headers=e.headers)
 
     @app.exception_handler(HTTPException)
     async def http_error(request, e:HTTPException):                      # 404, 405, ...: OpenAI's error shape too
-        return JSONResponse({"error": {"message": f"{request.method} {request.url.path}: {e.detail}", "type": "invalid_request_error", "param": None, "code": None}},
+        return JSONResponse({"error": {"message": f"{request.method} {request.url.path}: {e.detail}",
+                                       "type": "invalid_request_error", "param": None, "code": None}},
                             e.status_code, headers=getattr(e, "headers", None))
+
+# %% ../nbs/43_serve.ipynb #c65224b2
+def _info_routes(app, worker:EngineWorker, name:str):
+    "Health, models, metrics, the Playground's page and files, and the pool feed the Playground polls."
+    from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+    from fastapi.staticfiles import StaticFiles
 
     @app.get("/health")
     async def health():
@@ -311,7 +261,8 @@ def make_app(worker:EngineWorker, # the running engine worker
         return {"status": "ok", "model": name}
 
     @app.get("/v1/models")
-    async def models(): return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "hqkv"}]}
+    async def models(): return {"object": "list",
+                                "data": [{"id": name, "object": "model", "created": 0, "owned_by": "hqkv"}]}
 
     @app.get("/metrics")
     async def metrics(): return PlainTextResponse(worker.metrics.text(), media_type="text/plain; version=0.0.4")
@@ -324,66 +275,114 @@ def make_app(worker:EngineWorker, # the running engine worker
     async def pool(request:Request):
         since = request.query_params.get("since")
         try: since = None if since in (None, "") else float(since)
-        except ValueError: raise BadRequest(f"since must be a number of seconds (the `now` of an earlier answer), got {since!r}", param="since") from None
+        except ValueError:
+            raise BadRequest(f"since must be a number of seconds (the `now` of an earlier answer), got {since!r}",
+                             param="since") from None
         return worker.feed.read(since)
 
-    async def body_of(request:Request) -> dict:
-        ct = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
-        if not ct.endswith("json"): raise BadRequest(f"the request body must be JSON (Content-Type: application/json), got {ct!r}", 415)
-        raw = bytearray()
-        async for part in request.stream():                                  # counted as it arrives: a huge body is refused early
-            raw += part
-            if len(raw) > max_body_bytes: raise BadRequest(f"the request body is over the server's limit of {max_body_bytes:,} bytes (--max-body-bytes)", 413)
-        try: body = json.loads(raw)
-        except (ValueError, RecursionError): raise BadRequest("the request body is not JSON (or is nested too deeply)") from None
-        if not isinstance(body, dict): raise BadRequest("the request body must be a JSON object")
-        for k in ("stream",):
-            if body.get(k) is not None and not isinstance(body[k], bool): raise BadRequest(f"{k} must be true or false, got {body[k]!r}", param=k)
-        so = body.get("stream_options")
-        if so is not None and not (isinstance(so, dict) and isinstance(so.get("include_usage", False), (bool, type(None)))):
-            raise BadRequest(f"stream_options must be an object like {{\"include_usage\": true}}, got {so!r}", param="stream_options")
-        return body
+# %% ../nbs/43_serve.ipynb #7efcb649
+async def _body_of(request:Request, max_body_bytes:int) -> dict:
+    "The request's JSON object, counted as it arrives (over `max_body_bytes`: refused early), `stream` checked."
+    ct = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    if not ct.endswith("json"):
+        raise BadRequest(f"the request body must be JSON (Content-Type: application/json), got {ct!r}", 415)
+    raw = bytearray()
+    # counted as it arrives: a huge body is refused early
+    async for part in request.stream():
+        raw += part
+        if len(raw) > max_body_bytes:
+            raise BadRequest(f"the request body is over the server's limit of {max_body_bytes:,} bytes "
+                             "(--max-body-bytes)", 413)
+    try: body = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise BadRequest("the request body is not JSON (or is nested too deeply)") from None
+    if not isinstance(body, dict): raise BadRequest("the request body must be a JSON object")
+    for k in ("stream",):
+        if body.get(k) is not None and not isinstance(body[k], bool):
+            raise BadRequest(f"{k} must be true or false, got {body[k]!r}", param=k)
+    so = body.get("stream_options")
+    if so is not None and not (isinstance(so, dict) and isinstance(so.get("include_usage", False), (bool, type(None)))):
+        raise BadRequest(f"stream_options must be an object like {{\"include_usage\": true}}, got {so!r}",
+                         param="stream_options")
+    return body
+
+# %% ../nbs/43_serve.ipynb #272f5547
+async def _run(worker:EngineWorker, name:str, default_max_tokens:int, request:Request, body:dict, ids:list, chat:bool):
+    "Hand a checked request to the worker; stream its tokens, or wait for its end (a client that went away cancels it)."
+    from fastapi.responses import JSONResponse, StreamingResponse
+    eng = worker.engine
+    if not ids: raise BadRequest("empty prompt", param="prompt")
+    if worker.draining is not None: raise BadRequest("the server is shutting down", 503, headers={"Retry-After": "5"})
+    sampling, stop = _sampling(body), _stops(body)
+    rid, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time())
+    job = Job(ids, _max_tokens(body, len(ids), eng, default_max_tokens), sampling, stop, asyncio.get_running_loop(),
+              asyncio.Queue(), rid=rid)
+    if not worker.alive: raise BadRequest("the engine is not running", 503)
+    if not worker.submit(job):
+        raise BadRequest(f"the queue is full ({worker.max_waiting} requests waiting): retry later", 429,
+                         headers={"Retry-After": "1"})
+    usage = lambda: {"prompt_tokens": len(ids), "completion_tokens": job.tokens, "total_tokens": len(ids) + job.tokens}
+    if body.get("stream"):
+        return StreamingResponse(_stream(worker, job, rid, created, name, chat, body, usage),
+                                 media_type="text/event-stream")
+    try:
+        loop, check = asyncio.get_running_loop(), 0.0
+        while True:
+            try:
+                if (await asyncio.wait_for(job.out.get(), 0.5))[0] == "done": break
+            except asyncio.TimeoutError: pass
+            # twice a second: a client that gave up cancels its request
+            if loop.time() >= check:
+                check = loop.time() + 0.5
+                if await request.is_disconnected():
+                    worker.cancel(job); return JSONResponse({"error": {"message": "client disconnected"}}, 499)
+    except asyncio.CancelledError: worker.cancel(job); raise
+    if job.finish_reason == "error":
+        return JSONResponse({"error": {"message": job.error or "the request failed", "type": "server_error",
+                                       "param": None, "code": None}},
+                            503 if worker.draining is not None else 500)
+    choice = ({"index": 0, "message": {"role": "assistant", "content": job.text},
+               "finish_reason": job.finish_reason} if chat
+              else {"index": 0, "text": job.text, "finish_reason": job.finish_reason, "logprobs": None})
+    return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created, "model": name,
+            "choices": [choice], "usage": usage()}
+
+# %% ../nbs/43_serve.ipynb #8551fd54
+def make_app(worker:EngineWorker, # the running engine worker
+             name:str, # the model name /v1/models reports
+             default_max_tokens:int=256,
+             max_body_bytes:int=4 << 20, # a larger request body is refused (413) before it is read whole
+             # False: a completion prompt's control-token text is plain text, a chat message's is refused
+             control_tokens:bool=False):
+    "The FastAPI app: OpenAI-compatible completions and chat, models, health, metrics; the Playground at `/`."
+    from fastapi import FastAPI
+    from concurrent.futures import ThreadPoolExecutor
+    app, eng, tok = FastAPI(title="hqkv serve"), worker.engine, worker.engine.tokenizer
+    # off the event loop: a huge prompt stalls nobody else
+    tokenize = ThreadPoolExecutor(1, thread_name_prefix="hqkv-tokenize")
+    _error_handlers(app, worker); _info_routes(app, worker, name)
+    body_of = lambda request: _body_of(request, max_body_bytes)
+    run = lambda request, body, ids, chat: _run(worker, name, default_max_tokens, request, body, ids, chat)
 
     async def off_loop(fn, what:str):
         "Tokenize or template in the tokenizer's thread (a request's own checks raise there as they would here)."
         return await asyncio.get_running_loop().run_in_executor(tokenize, fn)
-
-    async def run(request:Request, body:dict, ids:list, chat:bool):
-        if not ids: raise BadRequest("empty prompt", param="prompt")
-        if worker.draining is not None: raise BadRequest("the server is shutting down", 503, headers={"Retry-After": "5"})
-        sampling, stop = _sampling(body), _stops(body)
-        rid, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time())
-        job = Job(ids, _max_tokens(body, len(ids), eng, default_max_tokens), sampling, stop, asyncio.get_running_loop(), asyncio.Queue(), rid=rid)
-        if not worker.alive: raise BadRequest("the engine is not running", 503)
-        if not worker.submit(job): raise BadRequest(f"the queue is full ({worker.max_waiting} requests waiting): retry later", 429, headers={"Retry-After": "1"})
-        usage = lambda: {"prompt_tokens": len(ids), "completion_tokens": job.tokens, "total_tokens": len(ids) + job.tokens}
-        if body.get("stream"): return StreamingResponse(_stream(worker, job, rid, created, name, chat, body, usage), media_type="text/event-stream")
-        try:
-            loop, check = asyncio.get_running_loop(), 0.0
-            while True:
-                try:
-                    if (await asyncio.wait_for(job.out.get(), 0.5))[0] == "done": break
-                except asyncio.TimeoutError: pass
-                if loop.time() >= check:                                   # twice a second: a client that gave up cancels its request
-                    check = loop.time() + 0.5
-                    if await request.is_disconnected(): worker.cancel(job); return JSONResponse({"error": {"message": "client disconnected"}}, 499)
-        except asyncio.CancelledError: worker.cancel(job); raise
-        if job.finish_reason == "error":
-            return JSONResponse({"error": {"message": job.error or "the request failed", "type": "server_error", "param": None, "code": None}},
-                                503 if worker.draining is not None else 500)
-        choice = ({"index": 0, "message": {"role": "assistant", "content": job.text}, "finish_reason": job.finish_reason} if chat
-                  else {"index": 0, "text": job.text, "finish_reason": job.finish_reason, "logprobs": None})
-        return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created, "model": name, "choices": [choice], "usage": usage()}
 
     @app.post("/v1/completions")
     async def completions(request:Request):
         body = await body_of(request)
         p = body.get("prompt")
         if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str): p = p[0]
-        if isinstance(p, str): ids = list((await off_loop(lambda: tok(_utf8(p, "prompt"), split_special_tokens=not control_tokens)["input_ids"], "prompt")) if p else [])
+        if isinstance(p, str):
+            ids = list((await off_loop(lambda: tok(_utf8(p, "prompt"),
+                                                   split_special_tokens=not control_tokens)["input_ids"],
+                                       "prompt")) if p else [])
         elif isinstance(p, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in p): ids = p
-        else: raise BadRequest("prompt must be a string (or one string in a list, or a list of token ids)", param="prompt")
-        if any(not 0 <= i < eng.vocab_size for i in ids): raise BadRequest(f"prompt token ids must be in [0, {eng.vocab_size})", param="prompt")
+        else:
+            raise BadRequest("prompt must be a string (or one string in a list, or a list of token ids)",
+                             param="prompt")
+        if any(not 0 <= i < eng.vocab_size for i in ids):
+            raise BadRequest(f"prompt token ids must be in [0, {eng.vocab_size})", param="prompt")
         return await run(request, body, ids, chat=False)
 
     @app.post("/v1/chat/completions")
@@ -391,8 +390,10 @@ def make_app(worker:EngineWorker, # the running engine worker
         body = await body_of(request)
         msgs = chat_messages(body.get("messages"))
         if not control_tokens: _no_control_tokens(msgs, tok)
-        if not getattr(tok, "chat_template", None): raise BadRequest(f"{name} has no chat template: use /v1/completions", param="messages")
-        ids = await off_loop(lambda: tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True), "messages")
+        if not getattr(tok, "chat_template", None):
+            raise BadRequest(f"{name} has no chat template: use /v1/completions", param="messages")
+        ids = await off_loop(lambda: tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True),
+                             "messages")
         ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
         return await run(request, body, ids, chat=True)
     return app
@@ -402,13 +403,16 @@ async def _stream(worker:EngineWorker, job:Job, rid:str, created:int, name:str, 
     "Server-sent events of a job; a client that goes away (the generator is closed) cancels the request."
     obj = "chat.completion.chunk" if chat else "text_completion"
     chunk = lambda delta, reason: {"id": rid, "object": obj, "created": created, "model": name, "choices": [
-        {"index": 0, "delta": delta, "finish_reason": reason} if chat else {"index": 0, "text": delta.get("content", ""), "finish_reason": reason, "logprobs": None}]}
+        {"index": 0, "delta": delta, "finish_reason": reason} if chat
+        else {"index": 0, "text": delta.get("content", ""), "finish_reason": reason, "logprobs": None}]}
     try:
         if chat: yield f"data: {json.dumps(chunk({'role': 'assistant', 'content': ''}, None))}\n\n"
         while True:
             kind, x = await job.out.get()
             if kind == "token": yield f"data: {json.dumps(chunk({'content': x}, None))}\n\n"; continue
-            if x == "error": yield f"data: {json.dumps({'error': {'message': job.error or 'the request failed', 'type': 'server_error'}})}\n\n"
+            if x == "error":
+                err = {'message': job.error or 'the request failed', 'type': 'server_error'}
+                yield f"data: {json.dumps({'error': err})}\n\n"
             else:
                 last = chunk({}, x)
                 if (body.get("stream_options") or {}).get("include_usage"): last["usage"] = usage()
@@ -418,39 +422,13 @@ async def _stream(worker:EngineWorker, job:Job, rid:str, created:int, name:str, 
     finally:
         if not job.closed: worker.cancel(job)
 
-# %% ../nbs/43_serve.ipynb #8a5f6295
-class PoolFeed:
-    "The pool as the Playground reads it: `pool_state` taken on the engine thread after each step and a history of the bands, copied out under a lock."
-    def __init__(self, max_points:int=4096): # band rows kept (a row per step that changed something)
-        self._lock, self._t0 = threading.Lock(), time.monotonic()
-        self._history: deque = deque(maxlen=max_points)   # {step, time, used, reserved, retained, free}, oldest first
-        self._state: dict = {}
-        self.failed = False                               # reading the pool raised once (logged): the state stays the last one read
-
-    def record(self, engine, # the engine (read on its own thread only)
-               names:dict|None=None): # pool sequence id -> the HTTP id of its request (`Job.rid`)
-        "Take the pool's state now: the latest state, and a history row when a band or the step changed."
-        try: s = pool_state(engine, engine.counters["steps_total"], time.monotonic() - self._t0)
-        except Exception as e:                           # the Monitor stops, serving goes on (logged once)
-            if not self.failed: _log.warning(f"the Playground's pool feed failed ({type(e).__name__}: {e}): the Monitor shows the last state it read")
-            self.failed = True; return
-        for q in s["seqs"]: q["request"] = (names or {}).get(q["seq_id"])
-        row = {k: s[k] for k in ("step", "time", *BANDS)}
-        with self._lock:
-            last = self._history[-1] if self._history else None
-            if last is None or any(last[k] != row[k] for k in ("step", *BANDS)): self._history.append(row)
-            self._state = s
-
-    def read(self, since:float|None=None) -> dict: # seconds on the feed's clock: only history rows after it (None: all)
-        "The latest state, `now` on the feed's clock, and the history rows after `since`."
-        with self._lock: s, rows = self._state, [r for r in self._history if since is None or r["time"] > since]
-        return s | {"now": round(time.monotonic() - self._t0, 4), "history": rows}
-
 # %% ../nbs/43_serve.ipynb #d8878d3a
 HEADER_TIMEOUT = 10.0   # seconds a connection may take to send a complete request head (hqkv serve --header-timeout)
 
-def header_timeout_protocol(seconds:float=HEADER_TIMEOUT) -> type: # an asyncio protocol class for `uvicorn.Config(http=...)`
-    "uvicorn's h11 protocol with a deadline for each request head: armed when a connection opens and after each response; a connection with no new request by then is closed."
+# an asyncio protocol class for `uvicorn.Config(http=...)`
+def header_timeout_protocol(seconds:float=HEADER_TIMEOUT) -> type:
+    "uvicorn's h11 protocol with a deadline for each request head; a connection with no new request by then is closed."
+    # the deadline is armed when a connection opens and after each response
     if not seconds > 0: raise ValueError(f"the header timeout must be > 0 seconds, got {seconds!r}")
     from uvicorn.protocols.http.h11_impl import H11Protocol
     class HeaderTimeout(H11Protocol):
@@ -469,44 +447,3 @@ def header_timeout_protocol(seconds:float=HEADER_TIMEOUT) -> type: # an asyncio 
             self._deadline.cancel(); super().connection_lost(exc)
     HeaderTimeout.__qualname__ = HeaderTimeout.__name__ = f"HeaderTimeout{seconds:g}s"
     return HeaderTimeout
-
-# %% ../nbs/43_serve.ipynb #0c710f12
-def _pct(xs:list, p:float) -> float|None:
-    if not xs: return None
-    xs = sorted(xs); return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
-
-async def _one(client, url:str, body:dict, hang_after:int|None, out:dict):
-    t0, last, n, gaps = time.perf_counter(), None, 0, []
-    async with client.stream("POST", url, json=body) as r:
-        if r.status_code != 200: out["codes"].append(r.status_code); await r.aread(); return
-        out["codes"].append(200)
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]": continue
-            now = time.perf_counter()
-            if last is None: out["ttft"].append(now - t0)
-            else: gaps.append(now - last)
-            last, n = now, n + 1
-            if hang_after is not None and n >= hang_after: out["cancelled"] += 1; break
-    out["itl"] += gaps; out["tokens"] += n
-
-async def load_test(base:str, # the server, e.g. http://127.0.0.1:8000
-                    prompts:list, # one prompt text per request (requests = len(prompts))
-                    clients:int=4, # requests in flight at once
-                    max_tokens:int=32, cancel:float=0.0, seed:int=0, timeout:float=600,
-                    model:str|None=None) -> dict: # the "model" field, for servers that want one
-    "Streaming requests `clients` at a time; latency percentiles (seconds), tokens/s, refused and cancelled counts."
-    import httpx, random
-    rng, out = random.Random(seed), dict(ttft=[], itl=[], tokens=0, codes=[], cancelled=0)
-    sem = asyncio.Semaphore(clients)
-    async with httpx.AsyncClient(timeout=timeout) as client:
-        async def go(p):
-            async with sem:
-                hang = rng.randint(1, max(1, max_tokens // 2)) if rng.random() < cancel else None
-                body = {"prompt": p, "max_tokens": max_tokens, "temperature": 0, "stream": True} | ({"model": model} if model else {})
-                await _one(client, base + "/v1/completions", body, hang, out)
-        t0 = time.perf_counter()
-        await asyncio.gather(*(go(p) for p in prompts))
-        wall = time.perf_counter() - t0
-    return dict(clients=clients, requests=len(prompts), seconds=round(wall, 2), tokens=out["tokens"], tokens_per_s=round(out["tokens"] / wall, 2),
-                ttft_p50=_pct(out["ttft"], 50), ttft_p95=_pct(out["ttft"], 95), itl_p50=_pct(out["itl"], 50), itl_p95=_pct(out["itl"], 95),
-                refused=sum(c == 429 for c in out["codes"]), errors=sum(c >= 500 for c in out["codes"]), cancelled=out["cancelled"])

@@ -26,6 +26,7 @@ LAYERS = [  # lowest first; a module may import any module of a lower layer
     ["calibrate"],                      # measuring profiles and row sensitivities
     ["settings", "monitor"],            # the engine's settings; pool metrics
     ["engine"],
+    ["openai_api", "loadtest"],         # OpenAI request fields checked at the door; streaming clients for a load test
     ["cli", "serve", "vllm"],
     ["commands"],                       # the command line's commands (imports everything)
 ]
