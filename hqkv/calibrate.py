@@ -13,9 +13,12 @@ from torch import Tensor
 from .models.identity import ModelIdentity, model_identity
 from .bitplan import CANDIDATES, BitPlan, bit_plan, format_bits, parse_budget, _row
 from .keyprofile import MODES, KeyProfile
+from .codec import get_codec, asked_codec_opts
 
 # %% auto #0
-__all__ = ['CAPTURE_ATTN', 'profile_stats', 'calibrate', 'calibrate_hf', 'row_sensitivity', 'calibrate_plan', 'calibrate_report']
+__all__ = ['CAPTURE_ATTN', 'PROXY_ATTN', 'METHODS', 'profile_stats', 'calibrate', 'calibrate_hf', 'row_sensitivity',
+           'attention_grads', 'coded_reads', 'row_codes', 'coded_errors', 'proxy_sensitivity', 'calibrate_plan',
+           'calibrate_report']
 
 # %% ../nbs/15_calibrate.ipynb #3b0febf2
 def profile_stats(k:Tensor, # float [L, T, kv_heads, D]: keys of each attention layer at T positions
@@ -168,27 +171,200 @@ def row_sensitivity(model, # a `Gemma3` or an `hqkv.quality.HFModel`
     for i, (ids, nx) in enumerate(windows):
         res = kld_eval(model, ids, nx, list(vs.values()), chunk, min(score_last, len(ids)), profile, regime)
         for k, v in vs.items(): tot[k] += res[v.name].summary()["kld"] / len(windows)
-        if log: log(f"sensitivity window {i + 1}/{len(windows)}: base {tot[None, None] * len(windows) / (i + 1):.4f} ({time.perf_counter() - t0:.0f} s)")
+        if log: log(f"base KLD so far {tot[None, None] * len(windows) / (i + 1):.4f}")
+        _progress(log, i + 1, len(windows), time.perf_counter() - t0, "exact sensitivity")
     sens = {}
     for (r, f), k in tot.items():
         if r is not None: sens.setdefault(r, {})[f] = k
     return tot[None, None], sens
 
+# %% ../nbs/15_calibrate.ipynb #f232e2f1
+PROXY_ATTN = "hqkv_proxy"   # the attention implementation `attention_grads` runs the model with
+
+class _GradRecorder:
+    "Each chosen layer's q, k, v (float32, batch 0) and the zero tensor added to its output (for its gradient)."
+    def __init__(self, layers): self.layers, self.qkv, self.delta = set(layers), {}, {}
+
+_GRADS = [None]   # the recorder of the run in progress
+
+def _proxy_attention(module, query, key, value, attention_mask, **kwargs):
+    "transformers attention function: SDPA, its inputs recorded and a zero leaf added to its output."
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    out, w = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    r = _GRADS[0]
+    if r is not None and module.layer_idx in r.layers:
+        scale = kwargs.get("scaling") or module.scaling
+        r.qkv[module.layer_idx] = (*(x.detach()[0].float() for x in (query, key, value)), scale)
+        r.delta[module.layer_idx] = d = torch.zeros_like(out, requires_grad=True)
+        out = out + d
+    return out, w
+
+# %% ../nbs/15_calibrate.ipynb #b0dd7846
+def attention_grads(model, # a transformers causal LM
+                    ids, # 1-D token ids of one window
+                    layers, # the full-attention layers to record
+                    score_last:int, # positions whose next-token log-likelihood is differentiated
+                    samples:int=4, # tokens drawn per position from the model's distribution
+                    seed:int=0,
+                   ) -> tuple[dict, dict]: # {layer: (q [Hq,N,D], k [Hkv,N,D], v, scale)}, {layer: [g [N,Hq,D]]}
+    "One forward; per sample, the gradient of the drawn tokens' log-likelihood at each layer's attention output."
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    AttentionInterface.register(PROXY_ATTN, _proxy_attention); AttentionMaskInterface.register(PROXY_ATTN, sdpa_mask)
+    before, params = model.config._attn_implementation, [p for p in model.parameters() if p.requires_grad]
+    rec = _GradRecorder(layers)
+    try:
+        for p in params: p.requires_grad_(False)
+        model.set_attn_implementation(PROXY_ATTN); _GRADS[0] = rec
+        with torch.enable_grad(): grads = _sampled_grads(model, ids, rec, list(layers), score_last, samples, seed)
+        return rec.qkv, grads
+    finally:
+        _GRADS[0] = None; model.set_attn_implementation(before)
+        for p in params: p.requires_grad_(True)
+
+# %% ../nbs/15_calibrate.ipynb #73d80a35
+def _sampled_grads(model, ids, rec, layers, n, samples, seed) -> dict:
+    dev = next(model.parameters()).device
+    lp = torch.log_softmax(model(input_ids=torch.as_tensor(ids)[None].to(dev), use_cache=False,
+                                 logits_to_keep=n).logits[0].float(), -1)
+    missing = [l for l in layers if l not in rec.delta]
+    if missing: raise ValueError(f"attention_grads: layers {missing} did not run the recording attention")
+    gen, grads = torch.Generator().manual_seed(seed), {l: [] for l in layers}
+    for s in range(samples):
+        y = torch.multinomial(lp.detach().exp().cpu(), 1, generator=gen).to(lp.device)
+        gs = torch.autograd.grad(lp.gather(1, y).sum(), [rec.delta[l] for l in layers], retain_graph=s + 1 < samples)
+        for l, g in zip(layers, gs): grads[l].append(g[0].float().cpu())
+    return grads
+
+# %% ../nbs/15_calibrate.ipynb #f7298f7d
+def coded_reads(qpos:Tensor, # int64 [n]: query positions
+                N:int, # keys 0..N-1
+                first_scored:int, chunk:int, # positions >= first_scored read as decode steps, others as prefill chunks
+                sinks:int, recent:int, # the exact window (0, 0: none)
+               ) -> Tensor: # bool [n, N]
+    "Which keys each query reads from the codes in the decode regime: past the sinks and older than its exact rows."
+    t = qpos[:, None]
+    exact_from = torch.where(t >= first_scored, t, t - t % chunk) - recent    # decode step: itself; chunk: its start
+    j = torch.arange(N)[None]
+    return (j >= sinks) & (j < exact_from)
+
+def _roundtrip(fmt:str, x:Tensor) -> Tensor:
+    "x [..., D] through format `fmt`'s codec and back."
+    c = get_codec(fmt, head_dim=x.shape[-1], **asked_codec_opts(fmt))
+    return c.decode(c.encode(x.reshape(-1, x.shape[-1]))).reshape(x.shape)
+
+# %% ../nbs/15_calibrate.ipynb #34f50809
+def row_codes(k:Tensor, v:Tensor, # [Hkv, N, D]
+              fmts, # formats to code the rows in
+              mu:Tensor|None=None, sigma:Tensor|None=None, # [Hkv, D]: the key profile (keys coded as (k - mu) / sigma)
+             ) -> dict: # {("k" | "v", format): the rows as a reader decodes them}
+    "Every key and value row through each format's codec and back (keys in the profile's domain)."
+    out = {}
+    for f in fmts:
+        kk = k if mu is None else (k - mu[:, None]) / sigma[:, None]
+        out["k", f] = _roundtrip(f, kk) if mu is None else _roundtrip(f, kk) * sigma[:, None] + mu[:, None]
+        out["v", f] = _roundtrip(f, v)
+    return out
+
+def coded_errors(q:Tensor, k:Tensor, v:Tensor, # [Hq, n, D] queries at positions qpos; [Hkv, N, D] keys, values
+                 scale:float, qpos:Tensor, coded:Tensor, # softmax scale; int64 [n]; bool [n, N] (`coded_reads`)
+                 codes:dict, # `row_codes`
+                ) -> dict: # {("k" | "v", format): output error [n, Hq, D]}
+    "The attention output's error when the keys, or the values, that the queries read from the codes are decoded rows."
+    Hq, n, D = q.shape; Hk = k.shape[0]
+    qs = q.reshape(Hk, Hq // Hk, n, D)
+    s0 = torch.einsum("hgnd,hjd->hgnj", qs, k) * scale
+    s0 = s0.masked_fill(torch.arange(k.shape[1])[None] > qpos[:, None], float("-inf"))      # causal
+    p0 = torch.softmax(s0, -1)
+    o0, out = p0 @ v[:, None], {}
+    flat = lambda e: e.reshape(Hq, n, D).transpose(0, 1)              # query head h = KV head x group + g
+    for (kv, f), x in codes.items():
+        if kv == "v": out[kv, f] = flat((p0 * coded) @ (x - v)[:, None]); continue
+        s1 = torch.where(coded, torch.einsum("hgnd,hjd->hgnj", qs, x) * scale, s0)
+        out[kv, f] = flat(torch.softmax(s1, -1) @ v[:, None] - o0)
+    return out
+
+# %% ../nbs/15_calibrate.ipynb #0432cc58
+def _window_proxy(acc:dict, qkv:dict, grads:dict, fmts, n:int, chunk:int, sinks:int, recent:int, profile, w:float):
+    "Add one window's proxy (weight w) of every (row, format) to acc: 0.5 / n x mean over draws of sum_t (g_t . e_t)^2."
+    for l, (q, k, v, scale) in qkv.items():
+        i = None if profile is None else list(profile.layers).index(l)
+        prof = (None, None) if i is None else (profile.mu[i].float(), profile.sigma[i].float())
+        codes = row_codes(k, v, fmts, *prof)
+        N = k.shape[1]
+        for a in range(0, N, 1024):                                   # a block of queries at a time: [heads, 1024, N]
+            qpos = torch.arange(a, min(N, a + 1024))
+            coded = coded_reads(qpos, N, N - n, chunk, sinks, recent)
+            if not coded.any(): continue
+            for (kv, f), e in coded_errors(q[:, qpos], k, v, scale, qpos, coded, codes).items():
+                sq = sum(float(((g[qpos] * e).sum((1, 2)) ** 2).sum()) for g in grads[l]) / len(grads[l])
+                acc[_row(l, kv), f] = acc.get((_row(l, kv), f), 0.0) + w * 0.5 * sq / n
+
+# %% ../nbs/15_calibrate.ipynb #d1840ea6
+METHODS = ("auto", "proxy", "exact")   # how a plan measures the rows: auto = proxy on a transformers model, else exact
+
+def _progress(log, done:int, total:int, seconds:float, what:str="plan proxy"):
+    "One line per calibration window: how far, how long, and about how long is left."
+    if log: log(f"{what}: window {done}/{total}, {seconds:.0f} s, about {seconds / done * (total - done):.0f} s left")
+
+def _method(model, method:str) -> str:
+    from hqkv.quality import HFModel
+    if method not in METHODS: raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    return ("proxy" if isinstance(model, HFModel) else "exact") if method == "auto" else method
+
+# %% ../nbs/15_calibrate.ipynb #31a04cc9
+def proxy_sensitivity(model, # an `hqkv.quality.HFModel` (a transformers model)
+                      windows:list, # [(ids, next id)]: calibration windows (`hqkv.quality.text_windows`)
+                      base:str="hq-e8-2b", candidates=CANDIDATES,
+                      profile=None, # `KeyProfile` (None: no key profile)
+                      sinks:int=32, recent:int=512, # the exact window (0, 0: none)
+                      chunk:int=1024, score_last:int=1024,
+                      samples:int=4, # tokens drawn per scored position for the gradients
+                      seed:int=0, log=print,
+                     ) -> tuple[float, dict]: # (base KLD, {row: {format: predicted KLD}}), as `row_sensitivity`
+    "`row_sensitivity`'s numbers predicted from attention-output errors and logit gradients, tied to the base's KLD."
+    from hqkv.quality import HFModel, KVVariant, kld_eval
+    if not isinstance(model, HFModel):
+        raise TypeError(f"proxy_sensitivity runs the model through transformers (an hqkv.quality.HFModel), got "
+                        f"{type(model).__name__}: measure it with row_sensitivity instead")
+    D, layers = model.geometry.head_dim, model.cfg.global_layers
+    fmts = list(dict.fromkeys([base, *candidates]))
+    for f in fmts: format_bits(f, D)                                 # a format without this head_dim: ValueError first
+    v0 = KVVariant(base, window=bool(sinks or recent), key_profile=profile is not None, sinks=sinks, recent=recent)
+    acc, base_kld, t0 = {}, 0.0, time.perf_counter()
+    for i, (ids, nx) in enumerate(windows):
+        n = min(score_last, len(ids))
+        base_kld += kld_eval(model, ids, nx, [v0], chunk, n, profile)[v0.name].summary()["kld"] / len(windows)
+        qkv, grads = attention_grads(model.model, ids, layers, n, samples, seed + i)
+        _window_proxy(acc, qkv, grads, fmts, n, chunk, sinks, recent, profile, 1 / len(windows))
+        _progress(log, i + 1, len(windows), time.perf_counter() - t0)
+    c = base_kld / max(sum(acc.get((_row(l, kv), base), 0.0) for l in layers for kv in "kv"), 1e-30)
+    rows = [_row(l, kv) for l in layers for kv in "kv"]
+    change = lambda r, f: c * (acc.get((r, f), 0.0) - acc.get((r, base), 0.0))
+    return base_kld, {r: {f: base_kld + change(r, f) for f in fmts if f != base} for r in rows}
+
 # %% ../nbs/15_calibrate.ipynb #3e40d3d7
 def calibrate_plan(model, windows:list, budget, # bits per value, or bytes per token ('432B')
                    base:str="hq-e8-2b", candidates=CANDIDATES, profile=None, sinks:int=32, recent:int=512,
-                   chunk:int=1024, score_last:int=1024, regime:str="decode", source:str="", log=print) -> BitPlan:
+                   chunk:int=1024, score_last:int=1024, regime:str="decode", source:str="", log=print,
+                   method:str="auto", # `METHODS`: the rows measured exactly, or predicted (`proxy_sensitivity`)
+                  ) -> BitPlan:
     "Measure every row's sensitivity on `windows` and choose the formats of least predicted KLD within `budget`."
     from hqkv.quality import _head_dim
-    D, layers = _head_dim(model), model.cfg.global_layers
+    D, layers, how = _head_dim(model), model.cfg.global_layers, _method(model, method)
     kvh = model.geometry.kv_heads if getattr(model, "geometry", None) is not None else model.cfg.num_kv_heads
     b = parse_budget(budget, 2 * len(layers) * kvh * D)
     if format_bits(base, D) > b and min(format_bits(f, D) for f in candidates) > b:
         raise ValueError(f"a budget of {b:.3f} bits per value is below every candidate at head_dim {D}")
+    if how == "proxy" and regime != "decode":
+        raise ValueError(f"the proxy models the decode regime, not {regime!r}: use method='exact'")
     t0 = time.perf_counter()
-    base_kld, sens = row_sensitivity(model, windows, base, candidates, profile, sinks, recent, chunk, score_last, regime, log)
-    cal = dict(source=source, windows=len(windows), context=max(len(w[0]) for w in windows), score_last=score_last, chunk=chunk, regime=regime,
-               window=[sinks, recent], candidates=list(candidates), key_profile=None if profile is None else profile.tag, seconds=round(time.perf_counter() - t0))
+    args = (model, windows, base, candidates, profile, sinks, recent, chunk, score_last)
+    if how == "proxy": base_kld, sens = proxy_sensitivity(*args, log=log)
+    else: base_kld, sens = row_sensitivity(*args, regime, log)
+    cal = dict(source=source, windows=len(windows), context=max(len(w[0]) for w in windows), score_last=score_last,
+               chunk=chunk, regime=regime, window=[sinks, recent], candidates=list(candidates), method=how,
+               key_profile=None if profile is None else profile.tag, seconds=round(time.perf_counter() - t0))
     return bit_plan(sens, base_kld, base, D, b, cal)
 
 # %% ../nbs/15_calibrate.ipynb #5b64fd5c

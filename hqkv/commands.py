@@ -193,6 +193,7 @@ register_command("eval", "measure a KV format against the bf16 oracle on real te
 def _calibrate_setup(p:argparse.ArgumentParser):
     from hqkv.keyprofile import MODES
     from hqkv.bitplan import CANDIDATES
+    from hqkv.calibrate import METHODS
     add_settings(p, fields=("model", "window_sinks", "window_recent"))
     p.add_argument("--text-file", required=True, help="UTF-8 text to run the model over (another kind of text than the one you evaluate on)")
     p.add_argument("--out", default=None, help="where to write the profile (.pt); default: the cache directory, where key_profile=auto finds it")
@@ -207,6 +208,9 @@ def _calibrate_setup(p:argparse.ArgumentParser):
     g.add_argument("--plan-windows", type=int, default=2, help="calibration windows, spread over the text (default: 2)")
     g.add_argument("--plan-context", type=int, default=4096, help="tokens per calibration window (default: 4096)")
     g.add_argument("--plan-only", action="store_true", help="keep the model's profile (--out, else the one key_profile=auto finds) and only add the plan")
+    g.add_argument("--plan-method", default="auto", choices=METHODS,
+                   help="proxy: predict each row's KLD from one forward and a few backward passes per window (minutes); "
+                        "exact: one KLD run per row and format (hours on a CPU); auto (default): proxy, exact on the bundled model")
 
 # %% ../nbs/42a_commands.ipynb #72b98559
 def _first_tokens(ids:list, n:int|None, limit:int, what:str) -> list:
@@ -242,6 +246,18 @@ def _calibrate_profile(args, model_path:str, text:str, tf:Path):
         prof = calibrate_hf(lm.model, ids, lm.identity, source=tf.name, mode=args.mode, skip=len(bos), chunk=args.chunk, progress=None)
     return (model if model_path == DEFAULT_MODEL else HFModel(lm)), prof
 
+def _plan_notice(model, args, n_cands:int, n_wins:int):
+    "Before a plan is measured: what it will run, and how long that takes."
+    from hqkv.calibrate import _method
+    rows = 2 * len(model.cfg.global_layers)
+    if _method(model, args.plan_method) == "proxy":
+        print(f"bit plan (proxy): {n_wins} windows of {args.plan_context:,} tokens, each one evaluation of the base format "
+              f"and one forward + 4 backward passes; progress and the time left after each window", flush=True)
+    else:
+        print(f"bit plan (exact): {n_wins} windows x {1 + rows * n_cands} KLD runs of {args.plan_context:,} tokens "
+              f"({rows} rows x {n_cands} formats + the base): expect about {1 + rows * n_cands} times one evaluation's time; "
+              f"--plan-method proxy takes one", flush=True)
+
 def _calibrate_plan(args, model, prof, text:str, tf:Path, cfg):
     "The profile with a bit plan measured on windows of the text (`hqkv.calibrate.calibrate_plan`)."
     from hqkv.calibrate import calibrate_plan
@@ -249,7 +265,9 @@ def _calibrate_plan(args, model, prof, text:str, tf:Path, cfg):
     ids = model.tokenizer.encode(text, add_bos=False)
     if args.plan_context > model.cfg.max_position: raise ValueError(f"--plan-context {args.plan_context} exceeds the model's context of {model.cfg.max_position}")
     wins = text_windows(ids, args.plan_context, args.plan_windows, bos=model.tokenizer.bos_id)
-    bp = calibrate_plan(model, wins, args.budget, args.plan_format, [c for c in args.candidates.split(",") if c], prof, cfg.window_sinks, cfg.window_recent,
+    cands = [c for c in args.candidates.split(",") if c]
+    if not args.json: _plan_notice(model, args, len(cands), len(wins))
+    bp = calibrate_plan(model, wins, args.budget, args.plan_format, cands, prof, cfg.window_sinks, cfg.window_recent, method=args.plan_method,
                         chunk=min(1024, args.plan_context), score_last=min(1024, args.plan_context), source=tf.name, log=None if args.json else print)
     return prof.with_plan(bp)
 
