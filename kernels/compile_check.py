@@ -40,7 +40,7 @@ import hqkv.kernels.decode as decode_mod
 import hqkv.kernels.prefill as prefill_mod
 import hqkv.vllm as vllm_mod
 from hqkv.attention import ExactWindow
-from hqkv.codec import get_codec
+from hqkv.codec import get_codec, codec_class
 
 # Per-arch limits (CUDA programming guide, "Technical specifications per compute capability"): the largest
 # dynamic shared memory one block may opt into, shared memory and registers per SM, threads per SM.
@@ -52,6 +52,10 @@ ARCHS = {
 MAX_REGS = 255
 GROUPS = tuple(range(1, 9))          # GQA group sizes (query heads per KV head)
 VLLM_BLOCKS = (16, 128)              # vLLM --block-size: 16 (vLLM's default: K/V rows per step capped at the page) and 128; --full adds 32, 64
+MIXED = ("tbq3/hq-e8-2b", "hq-e8-2b/tbq2", "q8_0/hq-e8-2b", "tbq4/tbq2")   # keys/values in different formats, as a bit plan makes them (engine only)
+
+def formats_of(fmt:str) -> tuple[str, str]: return tuple(fmt.split("/")) if "/" in fmt else (fmt, fmt)
+def reads(fmt:str, D:int) -> bool: return all(D in codec_class(f).head_dims for f in formats_of(fmt))
 
 def head_dims(full=False):
     "Every head dim the kernels read (full), else the smallest and largest of each power-of-two block width."
@@ -114,13 +118,15 @@ def configs(quick=False, kernels=None, dims=None, formats=None, groups=None, blo
     blocks = blocks or ((16, 32, 64, 128) if full else VLLM_BLOCKS)
     dims = dims or ((80, 256) if quick else head_dims(full))
     out = []
-    for fmt, D in itertools.product(formats or K.KERNEL_FORMATS, dims):
+    for fmt, D in itertools.product(formats or (*K.KERNEL_FORMATS, *MIXED), dims):
+        if not reads(fmt, D): continue              # q8_0/q4_0: whole 32-value blocks only
+        mixed = "/" in fmt                           # the vLLM plugin keeps one format per layer group
         out.append(Config("engine", "store", fmt, D))
-        out += [Config("vllm", "store", fmt, D, page=bs) for bs in blocks]
+        out += [Config("vllm", "store", fmt, D, page=bs) for bs in blocks if not mixed]
         for G, win in itertools.product(groups, windows):
             out.append(Config("engine", "decode", fmt, D, G, win))
             out.append(Config("engine", "prefill", fmt, D, G, win))
-            out += [Config("vllm", "prefill", fmt, D, G, win, page=bs) for bs in blocks]
+            out += [Config("vllm", "prefill", fmt, D, G, win, page=bs) for bs in blocks if not mixed]
     return [c for c in out if (not kernels or c.op in kernels) and c.path in paths]
 
 SPLITS = (2, 64)    # decode's split-K factor: default_splits picks 1..64 by SM count; these cover the merge's SPLITS_PAD extremes and the
@@ -129,13 +135,18 @@ SPLITS = (2, 64)    # decode's split-K factor: default_splits picks 1..64 by SM 
 _CODECS = {}
 def call(cfg:Config):
     "Run the launcher(s) the way `cfg.path` does, on CPU tensors (inside `recording`)."
-    c = _CODECS.get((cfg.fmt, cfg.head_dim)) or _CODECS.setdefault((cfg.fmt, cfg.head_dim), get_codec(cfg.fmt, head_dim=cfg.head_dim))
+    get = lambda f: get_codec(f, head_dim=cfg.head_dim, **({"allow": True} if f == "tbq3" else {}))
+    if (cfg.fmt, cfg.head_dim) not in _CODECS:
+        kc, vc = (get(f) for f in formats_of(cfg.fmt))
+        _CODECS[cfg.fmt, cfg.head_dim] = kc if "/" not in cfg.fmt else (kc, vc)
+    c = _CODECS[cfg.fmt, cfg.head_dim]
+    kc, vc = c if isinstance(c, tuple) else (c, c)
     D, H, G, i32 = cfg.head_dim, KV_HEADS, max(cfg.group, 1), torch.int32
     B, pages_per_seq = 2, 3
     n_pages = B * pages_per_seq
     torch.manual_seed(0)
     if cfg.path == "engine":
-        kp = torch.zeros(n_pages, cfg.page, H, c.row_bytes, dtype=torch.uint8); vp = torch.zeros_like(kp)
+        kp, vp = (torch.zeros(n_pages, cfg.page, H, x.row_bytes, dtype=torch.uint8) for x in (kc, vc))
     else:
         cache = torch.zeros(n_pages, H, cfg.page, 2 * c.row_bytes, dtype=torch.uint8)
         kp, vp = vllm_mod.kv_views(cache, c)

@@ -28,27 +28,28 @@ def _fp16(ptr, mask):
     return (lo | (hi << 8)).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
 
 @triton.jit
-def _load_blocks(rows, ok, offs_d, table_ptr, D, FORMAT: tl.constexpr, NS: tl.constexpr):
+def _load_blocks(ptr, rows, n_ok, ok, offs_d, table_ptr, D, FORMAT: tl.constexpr, NS: tl.constexpr):
     "Byte formats: NS blocks per row, each an fp16 scale then its codes (tbq2/3/4: FORMAT bits, q8_0: 5, q4_0: 6) -> fp32."
     blk = D // NS                                              # values per block
-    if FORMAT == 5: nb = blk                                   # bytes of codes per block
-    elif FORMAT == 6: nb = blk // 2
-    else: nb = blk * FORMAT // 8
-    b = offs_d // blk
-    i = (offs_d - b * blk)[None, :]
-    base = rows + (b * (2 + nb))[None, :]                      # the block's scale; its codes follow
-    scale = _fp16(base, ok)
+    if FORMAT == 5: bb = 2 + blk                               # bytes per block: the scale, then the codes
+    elif FORMAT == 6: bb = 2 + blk // 2
+    else: bb = 2 + blk * FORMAT // 8
+    b = (offs_d // blk)[None, :]
+    i = offs_d[None, :] - b * blk
+    base = rows + b * bb                                       # byte offsets (int32) of the block's scale; its codes follow
     if FORMAT == 5:   # ggml q8_0: int8 codes
-        x = tl.load(base + 2 + i, mask=ok, other=0).to(tl.int8, bitcast=True).to(tl.float32)
+        x = tl.load(ptr + base + 2 + i, mask=ok, other=0).to(tl.int8, bitcast=True).to(tl.float32)
     elif FORMAT == 6: # ggml q4_0: value j in the low nibble of byte j, value j + 16 in its high nibble; code - 8
-        byte = tl.load(base + 2 + i % 16, mask=ok, other=0).to(tl.int32)
-        x = (tl.where(i < 16, byte & 15, byte >> 4) - 8).to(tl.float32)
+        byte = tl.load(ptr + base + 2 + i % 16, mask=ok, other=0).to(tl.int32)
+        x = tl.where(ok, tl.where(i < 16, byte & 15, byte >> 4) - 8, 0).to(tl.float32)
     else:             # tbq: index i at bits [i*FORMAT, (i+1)*FORMAT) of the block's codes, little-endian; a centroid
         bit = i * FORMAT
-        w = tl.load(base + 2 + bit // 8, mask=ok, other=0).to(tl.int32)
-        if FORMAT == 3: w = w | (tl.load(base + 3 + bit // 8, mask=ok & (bit % 8 > 5), other=0).to(tl.int32) << 8)
+        w = tl.load(ptr + base + 2 + bit // 8, mask=ok, other=0).to(tl.int32)
+        if FORMAT == 3: w = w | (tl.load(ptr + base + 3 + bit // 8, mask=ok & (bit % 8 > 5), other=0).to(tl.int32) << 8)
         x = tl.load(table_ptr + ((w >> (bit % 8)) & ((1 << FORMAT) - 1)), mask=ok, other=0.0)
-    return x * scale
+    for s in tl.static_range(NS):                              # each block's scale read once per row, applied to its values
+        x = tl.where(b == s, x * _fp16(ptr + rows + s * bb, n_ok), x)
+    return x
 
 @triton.jit
 def _load_rows(ptr, # page base pointer (already at the page and KV head)
@@ -59,7 +60,8 @@ def _load_rows(ptr, # page base pointer (already at the page and KV head)
     if FORMAT == 0:   # bf16 rows (the pages are viewed as bf16)
         x = tl.load(rows + offs_d[None, :], mask=n_mask[:, None] & (offs_d < D)[None, :], other=0.0)
     elif FORMAT >= 2: # tbq, q8_0, q4_0 (pages viewed as bytes)
-        x = _load_blocks(rows, n_mask[:, None] & (offs_d < D)[None, :], offs_d, table_ptr, D, FORMAT, NS)
+        x = _load_blocks(ptr, (offs_n * stride_n)[:, None], n_mask[:, None], n_mask[:, None] & (offs_d < D)[None, :], offs_d, table_ptr, D,
+                         FORMAT, NS)
     else:             # hq-e8-2b (pages viewed as int16): D/8 codewords, then NS bf16 scales
         offs_g = tl.arange(0, D_PAD // 8)
         ok = n_mask[:, None] & (offs_g < D // 8)[None, :]                                        # padded groups: scale 0, value 0
@@ -80,15 +82,23 @@ def _load_rows(ptr, # page base pointer (already at the page and KV head)
     return x
 
 @triton.jit
-def _attend(q_hi, q_lo, k, v, visible, m, l, acc,
-            DOT_BF16: tl.constexpr):
-    "Fold one block into the online softmax (m, l, acc); `visible` broadcasts to [rows, BLOCK_N]."
+def _scores(q_hi, q_lo, k, visible, DOT_BF16: tl.constexpr):
+    "Scores of the query rows against a block of keys, -inf where not `visible` (broadcast to [rows, BLOCK_N])."
     if DOT_BF16:
         kt = tl.trans(k.to(tl.bfloat16))
         s = tl.dot(q_hi, kt) + tl.dot(q_lo, kt)        # the FP32 query as bf16 hi + lo: ~16 bits kept
     else:
         s = tl.dot(q_hi, tl.trans(k.to(tl.float32)))
-    s = tl.where(visible, s, float("-inf"))
+    return tl.where(visible, s, float("-inf"))
+
+@triton.jit
+def _attend(q_hi, q_lo, k, v, visible, m, l, acc, DOT_BF16: tl.constexpr):
+    "Fold one block into the online softmax (m, l, acc); `visible` broadcasts to [rows, BLOCK_N]."
+    return _fold(_scores(q_hi, q_lo, k, visible, DOT_BF16), v, m, l, acc, DOT_BF16)
+
+@triton.jit
+def _fold(s, v, m, l, acc, DOT_BF16: tl.constexpr):
+    "Fold a block's scores `s` and values `v` into the online softmax (m, l, acc)."
     m_new = tl.maximum(m, tl.max(s, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)   # rows that have seen nothing yet
     p = tl.exp(s - m_safe[:, None])
@@ -111,9 +121,9 @@ def _code_blocks(q_hi, q_lo, m, l, acc, j0, j1, p0, h, indices_ptr, k_ptr, v_ptr
         in_seq = pos < L
         rows = pos0 % PAGE + offs_n
         k = _load_rows(k_ptr + page * stride_kp + h * stride_kh, rows, in_seq, offs_d, stride_kn, kt_ptr, D, K_FORMAT, D_PAD, K_NS, BLOCK_N)
+        s = _scores(q_hi, q_lo, k, (in_seq & (pos >= s_held) & (pos < rec_start))[None, :], DOT_BF16)   # the keys' block is dead ...
         v = _load_rows(v_ptr + page * stride_vp + h * stride_vh, rows, in_seq, offs_d, stride_vn, vt_ptr, D, V_FORMAT, D_PAD, V_NS, BLOCK_N)
-        vis = in_seq & (pos >= s_held) & (pos < rec_start)
-        m, l, acc = _attend(q_hi, q_lo, k, v, vis[None, :], m, l, acc, DOT_BF16)
+        m, l, acc = _fold(s, v, m, l, acc, DOT_BF16)                                                     # ... before the values' is decoded
     return m, l, acc
 
 @triton.jit
