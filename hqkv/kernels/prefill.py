@@ -14,7 +14,7 @@ from torch import Tensor
 from ..codec import Codec
 from ..attention import ExactWindow, _pair
 from . import kernel_formats, check_device, interpreting, tile
-from .decode import _load_rows, _attend, _code_blocks, _window_blocks, _block_n, _check_pages, _page_view, _check_i32, _window_args, _kv_args
+from .decode import _load_rows, _attend, _scores, _fold, _code_blocks, _window_blocks, _block_n, _check_pages, _page_view, _check_i32, _window_args, _kv_args
 
 # %% auto #0
 __all__ = ['prefill_kernel', 'prefill']
@@ -76,9 +76,9 @@ def prefill_kernel(q_ptr, kn_ptr, vn_ptr, qo_ptr, k_ptr, v_ptr, indptr_ptr, indi
             k_ok = kpos < C
             ptrs = (q0 + kpos)[:, None].to(tl.int64) * stride_nt + h * stride_nh + offs_d[None, :]
             k = tl.load(kn_ptr + ptrs, mask=k_ok[:, None] & d_ok[None, :], other=0.0)
-            v = tl.load(vn_ptr + ptrs, mask=k_ok[:, None] & d_ok[None, :], other=0.0)
-            vis = k_ok[None, :] & (kpos[None, :] <= qi[:, None])
-            m, l, acc = _attend(q_hi, q_lo, k, v, vis, m, l, acc, DOT_BF16)
+            s = _scores(q_hi, q_lo, k, k_ok[None, :] & (kpos[None, :] <= qi[:, None]), DOT_BF16)
+            v = tl.load(vn_ptr + ptrs, mask=k_ok[:, None] & d_ok[None, :], other=0.0)   # (after the scores: one FP32 tile live)
+            m, l, acc = _fold(s, v, m, l, acc, DOT_BF16)
         o = acc / l[:, None]          # every row sees at least its own key
         tl.store(o_ptr + (q0 + qi)[:, None].to(tl.int64) * stride_ot + qh[:, None] * stride_oh + offs_d[None, :], o, mask=r_ok[:, None] & d_ok[None, :])
         tl.store(lse_ptr + (q0 + qi).to(tl.int64) * stride_lt + qh, m + tl.log(l), mask=r_ok)
