@@ -47,7 +47,9 @@ def _load_blocks(ptr, rows, n_ok, ok, offs_d, table_ptr, D, FORMAT: tl.constexpr
         w = tl.load(ptr + base + 2 + bit // 8, mask=ok, other=0).to(tl.int32)
         if FORMAT == 3: w = w | (tl.load(ptr + base + 3 + bit // 8, mask=ok & (bit % 8 > 5), other=0).to(tl.int32) << 8)
         x = tl.load(table_ptr + ((w >> (bit % 8)) & ((1 << FORMAT) - 1)), mask=ok, other=0.0)
-    for s in tl.static_range(NS):                              # each block's scale read once per row, applied to its values
+    if FORMAT >= 5:   # ggml: many 32-value blocks (8 at D = 256): each value reads its block's scale
+        return x * _fp16(ptr + base, ok)
+    for s in tl.static_range(NS):                              # tbq: 1-5 blocks, each one's scale read once per row
         x = tl.where(b == s, x * _fp16(ptr + rows + s * bb, n_ok), x)
     return x
 
