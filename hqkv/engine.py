@@ -19,214 +19,141 @@ from .sizing import parse_budget, plan, key_format_items
 from .pagedkv import PagedKV
 from .backends import ATTN_BACKENDS, default_backend
 from .model_runner import ModelRunner
-from .scheduler import Scheduler, Request, Work, POLICIES
+from .scheduler import Scheduler, Request, Work, POLICIES, TokenEvent, request_rates
+from .testing import first_difference
 from .models.identity import DEFAULT_MODEL, text_config
 from .models.load import LoadedLM, load_causal_lm, PACKAGED_MODELS
-from .models.weights import Int4Linear, Int8Linear, quantize_weights
 from .keyprofile import cache_setup
-from .settings import EngineConfig, SETTINGS, SETTING, env_name, _DTYPES, _int
+from .settings import EngineConfig, SETTINGS, SETTING, env_name, _DTYPES, _int, check_budget
 from .fixtures import load_text
+from .sampling import SamplingParams, sample
+from .model_cache import (check_device, memory_bytes, load_model, _weights_fit, weights_of, stop_ids,
+                              engine_key_profile)
 
 _log = logging.getLogger("hqkv.runtime")
 
 # %% auto #0
-__all__ = ['DEMO_DEFAULTS', 'SamplingParams', 'sample', 'TokenEvent', 'check_device', 'memory_bytes', 'load_model', 'weights_of',
-           'stop_ids', 'engine_key_profile', 'Engine', 'request_rates', 'prefill_progress', 'first_difference',
-           'demo_report']
+__all__ = ['DEMO_DEFAULTS', 'Engine', 'prefill_progress', 'demo_report']
 
-# %% ../nbs/41_engine.ipynb #8cfc0534
-@dataclass(slots=True, frozen=True)
-class SamplingParams:
-    "How the next token is chosen: greedy when temperature is 0, else softmax(logits / temperature) cut to the top-p mass."
-    temperature: float = 0.0   # 0: greedy (argmax)
-    top_p: float = 1.0         # keep the smallest set of tokens whose probability reaches top_p
-    seed: int|None = None      # the request's own generator seed (None: drawn at submit, reported on the request)
-    top_logits: int = 0        # keep the best n logits of every generated token on `Request.top_logits` (how sure the model was)
-    def __post_init__(self):
-        for n in ("temperature", "top_p"):
-            x = getattr(self, n)
-            if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x): raise ValueError(f"{n} must be a finite number, got {x!r}")
-        if self.temperature < 0: raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1: raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 64):
-            raise ValueError(f"seed must be a non-negative int below 2**64 or None, got {self.seed!r}")
-        if isinstance(self.top_logits, bool) or not isinstance(self.top_logits, int) or self.top_logits < 0:
-            raise ValueError(f"top_logits must be a non-negative int, got {self.top_logits!r}")
-    @property
-    def greedy(self) -> bool: return self.temperature == 0
-
-def sample(logits:Tensor, # float [V]: one sequence's next-token logits
-           params:SamplingParams,
-           generator:torch.Generator|None=None, # the request's generator (CPU)
-          ) -> int:
-    "The next token id under `params` (the logits shifted by their max first: a temperature of 1e-40 is greedy, not NaN)."
-    x = logits.detach().double().cpu()
-    if not bool(torch.isfinite(x).all()): raise ValueError("the model's logits are not finite (NaN or Inf): no token can be sampled")
-    if params.greedy: return int(x.argmax())
-    p = torch.softmax((x - x.max()) / params.temperature, -1)
-    if params.top_p < 1:
-        p, idx = p.sort(descending=True)
-        p[(p.cumsum(0) - p) >= params.top_p] = 0          # the first token always stays
-        return int(idx[torch.multinomial(p, 1, generator=generator)])
-    return int(torch.multinomial(p, 1, generator=generator))
-
-# %% ../nbs/41_engine.ipynb #48337678
-@dataclass(slots=True, frozen=True)
-class TokenEvent:
-    "What a step produced for one request: a token and the text it adds."
-    request: Request
-    token: int          # the sampled id (a stop token when `finished` and `request.finish_reason == 'stop'`)
-    text: str           # the new text (may be empty while a multi-byte character is incomplete)
-    finished: bool      # the request is done after this token
-
-# %% ../nbs/41_engine.ipynb #9efb1c80
-_MODELS: dict = {}   # (spec, dtype, device) -> LoadedLM: one copy per process, shared by the engines built on it
-
-def check_device(device:str):
-    "Refuse a device this torch cannot use, by name (a CUDA device on a CPU build, one that is not there)."
-    d = torch.device(device)
-    if d.type == "cuda":
-        if not torch.cuda.is_available(): raise ValueError(f"engine.device={device!r}, but this torch ({torch.__version__}) has no CUDA device: use 'cpu'")
-        if d.index is not None and d.index >= torch.cuda.device_count(): raise ValueError(f"engine.device={device!r}, but there are {torch.cuda.device_count()} CUDA devices")
-    elif d.type not in ("cpu", "meta"): raise ValueError(f"engine.device={device!r}: hqkv runs on 'cpu' or 'cuda'")
-
-def memory_bytes(device:str) -> int:
-    "Memory the device has in all: the machine's RAM for the CPU, the GPU's for CUDA."
-    d = torch.device(device)
-    if d.type == "cuda": return torch.cuda.mem_get_info(d)[1]
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-def load_model(spec:str, dtype:str="float32", device:str="cpu",
-               weights:str="fp32") -> LoadedLM: # engine.weights: 'int8'/'int4' ('auto': int8 where it applies) is a copy with quantized linear layers (`hqkv.models.weights`)
-    "The model `model.path` names, loaded once per process and weights setting (`hqkv.models.load.load_causal_lm`)."
-    check_device(device)
-    key = (str(spec), dtype, str(torch.device(device)), weights)
-    if key not in _MODELS:
-        lm = load_causal_lm(spec, _DTYPES[dtype], device)
-        quantize_weights(lm.model, weights)       # fp32: as loaded; int8/int4 where they cannot apply: ValueError; auto: int8 where it applies
-        _MODELS[key] = lm
-    return _MODELS[key]
-
-def _weights_fit(setting:str, held:str) -> bool:
-    "A model holding `held` weights is what `setting` makes (int4 keeps int8 where a layer is not 4-bit: possibly everywhere)."
-    return setting in ("auto", held) or (setting, held) == ("int4", "int8")
-
-def weights_of(lm:LoadedLM) -> str:
-    "The engine.weights setting a loaded model is in."
-    kinds = {type(m) for m in lm.model.modules()}
-    return "int4" if Int4Linear in kinds else "int8" if Int8Linear in kinds else "fp32"
-
-_STOP_TOKENS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|endoftext|>")   # turn ends of the chat templates hqkv knows
-
-def stop_ids(lm:LoadedLM) -> frozenset:
-    "The ids that end a request by default: the model's EOS ids and the turn-end tokens its vocabulary has."
-    ids = set()
-    for x in (getattr(lm.model.generation_config, "eos_token_id", None), lm.tokenizer.eos_token_id):
-        ids |= set(x) if isinstance(x, (list, tuple)) else ({x} if x is not None else set())
-    vocab = lm.tokenizer.get_vocab()
-    return frozenset(ids | {vocab[t] for t in _STOP_TOKENS if t in vocab})
-
-def engine_key_profile(setting:str, kv_format:str, lm:LoadedLM):
-    "kv.key_profile for an engine's model: `resolve_key_profile`, and for the bundled model the shipped profile (the same weights file, calibrated through hqkv's own forward)."
-    from hqkv.keyprofile import resolve_key_profile, find_profile, default_profile, PROFILE_FILES
-    if setting == "auto" and lm.name in PROFILE_FILES and codec_class(kv_format).rotated:
-        return find_profile(lm.identity) or default_profile(lm.name)
-    return resolve_key_profile(setting, kv_format, lm.identity)
-
-# %% ../nbs/41_engine.ipynb #ae64fd6a
+# %% ../nbs/41_engine.ipynb #20b1df6d
 class Engine:
-    "Serves generation requests on any transformers decoder, its full-attention K/V in a byte-budgeted pool of coded pages."
+    "Serves generation requests on any transformers decoder, its full-attention K/V in a byte budget of coded pages."
     def __init__(self, config:EngineConfig|None=None, # default: `EngineConfig.resolve(flags)`
-                 model:LoadedLM|None=None, # a loaded model (default: `load_model(config.model, config.dtype, config.device)`)
+                 # a loaded model (default: `load_model(config.model, config.dtype, config.device)`)
+                 model:LoadedLM|None=None,
                  **flags): # settings by field name (kv_format='bf16', kv_pool_bytes='16Ktok', ...), highest precedence
-        cfg = EngineConfig.resolve(flags) if config is None else (dataclasses.replace(config, **flags) if flags else config)
-        if not isinstance(cfg, EngineConfig): raise TypeError(f"config must be an EngineConfig, got {type(cfg).__name__}")
+        cfg = (EngineConfig.resolve(flags) if config is None
+               else (dataclasses.replace(config, **flags) if flags else config))
+        if not isinstance(cfg, EngineConfig):
+            raise TypeError(f"config must be an EngineConfig, got {type(cfg).__name__}")
         if model is None: model = load_model(cfg.model, cfg.dtype, cfg.device, cfg.weights)
         elif isinstance(model, LoadedLM) and not _weights_fit(cfg.weights, weights_of(model)):
-            raise ValueError(f"the model given has {weights_of(model)} weights, the config asks for engine.weights={cfg.weights}: "
-                             "pass no model (the engine loads it that way) or `hqkv.engine.load_model(..., weights=...)`'s")
-        elif isinstance(model, LoadedLM): cfg = dataclasses.replace(cfg, model=model.name if model.name in (DEFAULT_MODEL, *PACKAGED_MODELS) else model.source)
-        if not isinstance(model, LoadedLM): raise TypeError(f"model must be a hqkv.models.load.LoadedLM (load_causal_lm / load_model), got {type(model).__name__}")
+            raise ValueError(f"the model given has {weights_of(model)} weights, the config asks for "
+                             f"engine.weights={cfg.weights}: "
+                             "pass no model (the engine loads it that way) or "
+                             "`hqkv.engine.load_model(..., weights=...)`'s")
+        elif isinstance(model, LoadedLM):
+            named = model.name in (DEFAULT_MODEL, *PACKAGED_MODELS)
+            cfg = dataclasses.replace(cfg, model=model.name if named else model.source)
+        if not isinstance(model, LoadedLM):
+            raise TypeError("model must be a hqkv.models.load.LoadedLM (load_causal_lm / load_model), got "
+                            f"{type(model).__name__}")
         self.lm, self.model, self.tokenizer, self.geometry = model, model.model, model.tokenizer, model.geometry
         self.default_stop = stop_ids(model)
         self.vocab_size = text_config(model.model.config).vocab_size
         self._ids = itertools.count()
-        self.counters = dict(requests_total=0, finished_total=0, cancelled_total=0, refused_total=0, failed_total=0, prompt_tokens_total=0,
-                             generated_tokens_total=0, steps_total=0, prefill_tokens_total=0, prefix_reused_tokens_total=0)
+        self.counters = dict(requests_total=0, finished_total=0, cancelled_total=0, refused_total=0, failed_total=0,
+                             prompt_tokens_total=0,
+                             generated_tokens_total=0, steps_total=0, prefill_tokens_total=0,
+                             prefix_reused_tokens_total=0)
         self.config = self.pool = self.paged = self.runner = self.scheduler = None
         self._step_hooks: list[Callable] = []
         self._build(cfg)
 
-    @property
-    def waiting(self): return self.scheduler.waiting
-    @property
-    def running(self): return self.scheduler.running
-    @property
-    def idle(self) -> bool: return self.scheduler.idle
-    def __repr__(self):
-        c = self.config
-        kf = (f", key_formats={c.key_formats}" if self.pool.key_formats else "") + (f", value_formats={c.value_formats}" if self.pool.value_formats else "")
-        return (f"Engine({self.lm.name}, {c.kv_format}{kf}, pool={self.pool.num_pages} pages, window={c.window_sinks}+{c.window_recent}, "
-                f"key_profile={self.key_profile}, attn={self.paged.attn}, {c.policy}, running={len(self.running)}, waiting={len(self.waiting)})")
+# %% ../nbs/41_engine.ipynb #e83eadf8
+@patch(as_prop=True)
+def waiting(self:Engine): return self.scheduler.waiting
+@patch(as_prop=True)
+def running(self:Engine): return self.scheduler.running
+@patch(as_prop=True)
+def idle(self:Engine) -> bool: return self.scheduler.idle
 
-# %% ../nbs/41_engine.ipynb #e4a57409
+@patch
+def __repr__(self:Engine):
+    c = self.config
+    kf = ((f", key_formats={c.key_formats}" if self.pool.key_formats else "")
+          + (f", value_formats={c.value_formats}" if self.pool.value_formats else ""))
+    return (f"Engine({self.lm.name}, {c.kv_format}{kf}, pool={self.pool.num_pages} pages, "
+            f"window={c.window_sinks}+{c.window_recent}, key_profile={self.key_profile}, attn={self.paged.attn}, "
+            f"{c.policy}, running={len(self.running)}, waiting={len(self.waiting)})")
+
+# %% ../nbs/41_engine.ipynb #ff05a583
 @patch
 def _build(self:Engine, cfg:EngineConfig):
     "Make the pool, its PagedKV, the model runner and the scheduler for `cfg` (nothing changes if that fails)."
     lm = self.lm
     if cfg.max_context > lm.max_position:
-        raise ValueError(f"engine.max_context={cfg.max_context} exceeds {lm.name}'s context of {lm.max_position} tokens")
+        raise ValueError(f"engine.max_context={cfg.max_context} exceeds {lm.name}'s context of "
+                         f"{lm.max_position} tokens")
     p0 = next(self.model.parameters())
     want = torch.device(cfg.device)
-    if want.type != p0.device.type or want.index not in (None, p0.device.index) or cfg.torch_dtype != p0.dtype:   # 'cuda' is 'cuda:0'
+    # 'cuda' is 'cuda:0'
+    if want.type != p0.device.type or want.index not in (None, p0.device.index) or cfg.torch_dtype != p0.dtype:
         raise ValueError(f"the model is {p0.dtype} on {p0.device}, the config asks for {cfg.dtype} on {cfg.device}: "
                          "load the model that way (or pass model=) and build a new Engine")
     from hqkv.keyprofile import describe_key_profile
     prof = engine_key_profile(str(cfg.key_profile), cfg.kv_format, lm)   # a profile of another model: ValueError
     g = self.geometry
-    setup = cache_setup(cfg.kv_format, g.attn_ids, g.head_dim, prof, cfg.key_formats, cfg.value_formats, cfg.bit_plan, g.kv_heads, lm.name)
+    setup = cache_setup(cfg.kv_format, g.attn_ids, g.head_dim, prof, cfg.key_formats, cfg.value_formats, cfg.bit_plan,
+                        g.kv_heads, lm.name)
     bp, kf, vf = setup.plan, setup.layout.key_formats, setup.layout.value_formats
     if bp is not None:
         if torch.device(cfg.device).type == "cuda" and cfg.attn is None:
-            _log.warning(f"kv.bit_plan: the key profile's plan ({bp.tag}) mixes formats the Triton kernels do not read; attention runs on the gather path (kv.bit_plan=off keeps the kernels)")
-    p = plan(self.geometry, cfg.kv_format, cfg.kv_pool_bytes, context=cfg.max_context, exact_tokens=cfg.window_sinks + cfg.window_recent,
+            _log.warning(f"kv.bit_plan: the key profile's plan ({bp.tag}) mixes formats the Triton kernels do not "
+                         "read; attention runs on the gather path (kv.bit_plan=off keeps the kernels)")
+    p = plan(self.geometry, cfg.kv_format, cfg.kv_pool_bytes, context=cfg.max_context,
+             exact_tokens=cfg.window_sinks + cfg.window_recent,
              key_formats=kf, value_formats=vf)   # a format for a layer the model does not have: ValueError
-    have = memory_bytes(cfg.device)
-    if p.bytes + cfg.max_batch * p.state_bytes > have:
-        raise ValueError(f"vram.kv_pool_bytes={cfg.kv_pool_bytes!r} asks for {p.bytes:,} bytes of pages (+ {cfg.max_batch * p.state_bytes:,} of fixed state "
-                         f"for {cfg.max_batch} lanes), but {cfg.device} has {have:,} bytes of memory in all: give a smaller budget")
-    if p.tokens < cfg.max_context:
-        need = -(-cfg.max_context // p.page_tokens)
-        raise ValueError(f"vram.kv_pool_bytes={cfg.kv_pool_bytes!r} buys {p.pages} pages = {p.tokens:,} tokens in {cfg.kv_format}, less than one "
-                         f"engine.max_context of {cfg.max_context:,} tokens: give at least {need * p.page_bytes:,} bytes ({need * p.page_tokens}tok) "
-                         f"or lower engine.max_context")
-    # naming a format in kv.key_formats is asking for it (tbq3 as the whole pool's format stays refused unless HQKV_ALLOW_TBQ3=1)
+    check_budget(cfg, p, memory_bytes(cfg.device))
+    # naming a format in kv.key_formats is asking for it
+    # (tbq3 as the whole pool's format stays refused unless HQKV_ALLOW_TBQ3=1)
     opts = {f: asked_codec_opts(f) for _, f in p.key_formats + p.value_formats}
-    pool = KVPool(self.geometry, cfg.kv_format, cfg.kv_pool_bytes, device=cfg.device, key_formats=p.key_formats, value_formats=p.value_formats, codec_opts=opts)
-    attn = cfg.attn or default_backend(pool, softcap=getattr(text_config(lm.model.config), "attn_logit_softcapping", None) is not None)
-    paged = PagedKV(pool, window_sinks=cfg.window_sinks, window_recent=cfg.window_recent, attn=attn, lanes=cfg.max_batch, key_profile=prof)
-    runner = ModelRunner(lm, paged)   # a model the backend cannot run (soft-capping on ref/triton, a profile with soft-capping): ValueError
-    self.config, self.pool, self.paged, self.runner, self.plan, self.key_profile = cfg, pool, paged, runner, p, describe_key_profile(prof)
+    pool = KVPool(self.geometry, cfg.kv_format, cfg.kv_pool_bytes, device=cfg.device, key_formats=p.key_formats,
+                  value_formats=p.value_formats, codec_opts=opts)
+    softcap = getattr(text_config(lm.model.config), "attn_logit_softcapping", None) is not None
+    attn = cfg.attn or default_backend(pool, softcap=softcap)
+    paged = PagedKV(pool, window_sinks=cfg.window_sinks, window_recent=cfg.window_recent, attn=attn,
+                    lanes=cfg.max_batch, key_profile=prof)
+    # a model the backend cannot run (soft-capping on ref/triton, a profile with soft-capping): ValueError
+    runner = ModelRunner(lm, paged)
+    self.config, self.pool, self.paged, self.runner, self.plan, self.key_profile = (
+        cfg, pool, paged, runner, p, describe_key_profile(prof))
     self.bit_plan = setup.source
-    resume = cfg.prefix_reuse and runner.resumable and paged.exact_resume   # otherwise prompts are recomputed (see "Prefix reuse")
+    # otherwise prompts are recomputed (see "Prefix reuse")
+    resume = cfg.prefix_reuse and runner.resumable and paged.exact_resume
     self.prefix_reuse = "on" if resume else ("off" if not cfg.prefix_reuse else "pages-only")
     self.scheduler = Scheduler(paged, cfg.max_batch, cfg.prefill_chunk, cfg.policy, cfg.step_tokens, skip_reused=resume)
     _log.info(self.plan_line())
 
+# %% ../nbs/41_engine.ipynb #d89bd9b7
 @patch
 def plan_line(self:Engine) -> str:
-    "The pool's `hqkv.runtime.vram_plan` line, the fixed state each sequence holds beside it, the model, and the key profile."
+    "The pool's `hqkv.runtime.vram_plan` line, the fixed state per sequence beside it, the model, the key profile."
     c = self.config
-    return (f"{self.pool.plan_line()} state_per_lane={self.plan.state_bytes} lanes={c.max_batch} model={self.lm.name} key_profile={self.key_profile} "
-            f"bit_plan={self.bit_plan} prefill_chunk={c.prefill_chunk} step_tokens={c.step_tokens or 'none'} prefix_reuse={self.prefix_reuse}"
+    return (f"{self.pool.plan_line()} state_per_lane={self.plan.state_bytes} lanes={c.max_batch} model={self.lm.name} "
+            f"key_profile={self.key_profile} "
+            f"bit_plan={self.bit_plan} prefill_chunk={c.prefill_chunk} step_tokens={c.step_tokens or 'none'} "
+            f"prefix_reuse={self.prefix_reuse}"
             + ("" if weights_of(self.lm) == "fp32" else f" weights={weights_of(self.lm)}"))
 
 @patch
 def reconfigure(self:Engine, **changes) -> EngineConfig:
-    "Change settings (e.g. kv_format='bf16'): the pool is rebuilt; only while no request is in flight, and not the model."
+    "Change settings (e.g. kv_format='bf16'): the pool is rebuilt; only while nothing is in flight, not the model."
     if not self.idle:
-        raise ValueError(f"engine busy: {len(self.running)} running and {len(self.waiting)} waiting requests; finish or cancel them before reconfigure")
-    if "model" in changes: raise ValueError("reconfigure cannot change model.path: build a new Engine for another model")
+        raise ValueError(f"engine busy: {len(self.running)} running and {len(self.waiting)} waiting requests; finish "
+                         "or cancel them before reconfigure")
+    if "model" in changes:
+        raise ValueError("reconfigure cannot change model.path: build a new Engine for another model")
     if changes.get("weights", self.config.weights) != self.config.weights:
         raise ValueError("reconfigure cannot change engine.weights (the model is loaded with them): build a new Engine")
     cfg = dataclasses.replace(self.config, **changes)
@@ -234,7 +161,7 @@ def reconfigure(self:Engine, **changes) -> EngineConfig:
     self._build(cfg)
     return cfg
 
-# %% ../nbs/41_engine.ipynb #1e71fe52
+# %% ../nbs/41_engine.ipynb #46e295ec
 @patch
 def encode(self:Engine, prompt) -> list:
     "Token ids of a prompt: text (the model's tokenizer, with its <bos> when it adds one) or ids."
@@ -242,7 +169,8 @@ def encode(self:Engine, prompt) -> list:
         if not prompt: raise ValueError("empty prompt: give at least one character (or token id)")
         return list(self.tokenizer(prompt)["input_ids"])
     if isinstance(prompt, Tensor): prompt = prompt.reshape(-1).tolist()
-    if not isinstance(prompt, (list, tuple, range)): raise TypeError(f"prompt must be a str or a sequence of token ids, got {type(prompt).__name__}")
+    if not isinstance(prompt, (list, tuple, range)):
+        raise TypeError(f"prompt must be a str or a sequence of token ids, got {type(prompt).__name__}")
     ids = list(prompt)
     if not ids: raise ValueError("empty prompt: give at least one character (or token id)")
     V = self.vocab_size
@@ -254,16 +182,20 @@ def encode(self:Engine, prompt) -> list:
 def submit(self:Engine, prompt, # text or token ids
            max_new_tokens:int=64,
            sampling:SamplingParams|None=None, # default: greedy
-           stop:set|None=None, # stop token ids (default: the model's EOS and turn-end tokens); an empty set never stops early
+           # stop token ids (default: the model's EOS and turn-end tokens); an empty set never stops early
+           stop:set|None=None,
            on_token:Callable|None=None, # streaming callback, called with each `TokenEvent`
           ) -> Request:
     "Queue a request; it joins the running batch at the next step the pool can admit it."
     ids = self.encode(prompt)
-    if on_token is not None and not callable(on_token): raise TypeError(f"on_token must be callable (it is called with each TokenEvent), got {type(on_token).__name__}")
-    if stop is not None and (isinstance(stop, (str, bytes)) or not all(isinstance(x, int) and not isinstance(x, bool) for x in stop)):
+    if on_token is not None and not callable(on_token):
+        raise TypeError(f"on_token must be callable (it is called with each TokenEvent), got {type(on_token).__name__}")
+    if stop is not None and (isinstance(stop, (str, bytes))
+                             or not all(isinstance(x, int) and not isinstance(x, bool) for x in stop)):
         raise TypeError(f"stop must be a set of token ids, got {stop!r}")
     sampling = SamplingParams() if sampling is None else sampling
-    if not isinstance(sampling, SamplingParams): raise TypeError(f"sampling must be SamplingParams, got {type(sampling).__name__}")
+    if not isinstance(sampling, SamplingParams):
+        raise TypeError(f"sampling must be SamplingParams, got {type(sampling).__name__}")
     self._check_prompt(ids, max_new_tokens)
     stop_ids_ = self.default_stop if stop is None else frozenset(int(s) for s in stop)
     r = Request(next(self._ids), ids, max_new_tokens, sampling, stop_ids_, on_token, t_submit=time.perf_counter())
@@ -274,39 +206,48 @@ def submit(self:Engine, prompt, # text or token ids
     self.counters["requests_total"] += 1; self.counters["prompt_tokens_total"] += len(ids)
     return r
 
+# %% ../nbs/41_engine.ipynb #beabaca9
 @patch
 def _check_prompt(self:Engine, ids:list, max_new_tokens:int):
     "Refuse a request engine.max_context cannot hold."
     _int("max_new_tokens", max_new_tokens, 1)
     C, n = self.config.max_context, len(ids)
-    if n >= C: raise ValueError(f"prompt of {n:,} tokens does not fit engine.max_context={C:,} (it needs room for at least one new token)")
+    if n >= C:
+        raise ValueError(f"prompt of {n:,} tokens does not fit engine.max_context={C:,} (it needs room for at "
+                         "least one new token)")
     if n + max_new_tokens > C:
-        raise ValueError(f"prompt of {n:,} tokens + max_new_tokens={max_new_tokens:,} exceeds engine.max_context={C:,}: "
+        raise ValueError(f"prompt of {n:,} tokens + max_new_tokens={max_new_tokens:,} exceeds "
+                         f"engine.max_context={C:,}: "
                          f"ask for at most {C - n:,} new tokens")
 
 @patch
-def check_integrity(self:Engine) -> bool:
-    "The pool's invariants, and every running request's position agreeing with its pool length and its windows (AssertionError naming the first that does not)."
-    self.pool.check_integrity()
-    for r in self.running:
-        n, have, lane = r.length, self.pool.length(r.id), self.paged.lanes[r.id]
-        if have != max(n, r.reused_tokens): raise AssertionError(f"engine integrity: request {r.id} has seen {n} tokens but the pool holds {have}")
-        for l, w in zip(self.paged.layers, self.paged.windows or ()):
-            if int(w.lens[lane]) != n: raise AssertionError(f"engine integrity: request {r.id}'s window in layer {l} holds {int(w.lens[lane])} tokens, not {n}")
-    return True
-
-@patch
 def cancel(self:Engine, r:Request) -> bool:
-    "Stop a request now (waiting, mid-prefill or decoding): its pages go back to the pool. False if it was already done."
+    "Stop a request now (waiting, mid-prefill or decoding): its pages go back to the pool. False if already done."
     if r.done: return False
     self.scheduler.finish(r, "cancelled", cancel=True)
     self.counters["cancelled_total"] += 1
     return True
 
+# %% ../nbs/41_engine.ipynb #ea7051b6
+@patch
+def check_integrity(self:Engine) -> bool:
+    "The pool's invariants, and each running request's position agreeing with its pool length and its windows."
+    # AssertionError naming the first that does not hold
+    self.pool.check_integrity()
+    for r in self.running:
+        n, have, lane = r.length, self.pool.length(r.id), self.paged.lanes[r.id]
+        if have != max(n, r.reused_tokens):
+            raise AssertionError(f"engine integrity: request {r.id} has seen {n} tokens but the pool holds {have}")
+        for l, w in zip(self.paged.layers, self.paged.windows or ()):
+            if int(w.lens[lane]) != n:
+                raise AssertionError(f"engine integrity: request {r.id}'s window in layer {l} holds "
+                                     f"{int(w.lens[lane])} tokens, not {n}")
+    return True
+
 # %% ../nbs/41_engine.ipynb #57ee33d6
 @patch
 def on_step(self:Engine, callback:Callable) -> Callable:
-    "Call `callback(engine, events)` after every `step` (also one with nothing to run); returns a function that removes it."
+    "Call `callback(engine, events)` after every `step` (even one with nothing to run); returns its remover."
     if not callable(callback): raise TypeError(f"on_step needs a callable, got {type(callback).__name__}")
     self._step_hooks.append(callback)
     def remove():
@@ -320,7 +261,7 @@ def step(self:Engine) -> list:
     for hook in list(self._step_hooks): hook(self, events)
     return events
 
-# %% ../nbs/41_engine.ipynb #f118f7e5
+# %% ../nbs/41_engine.ipynb #cef51954
 @patch
 def _step(self:Engine) -> list:
     "Schedule, one forward, then commit request by request; a failed forward is isolated."
@@ -331,13 +272,14 @@ def _step(self:Engine) -> list:
     if not work: return []
     prefill = sum(len(w.tokens) for w in work if w.prefill)
     try: logits = self.runner.forward([w.request.id for w in work], [w.pos0 for w in work], [w.tokens for w in work])
-    except Exception as e: return self._isolate(work, e)   # rolled back by the runner (an interrupt propagates, rolled back too)
+    # rolled back by the runner (an interrupt propagates, rolled back too)
+    except Exception as e: return self._isolate(work, e)
     self.counters["steps_total"] += 1; self.counters["prefill_tokens_total"] += prefill
     return self._commit(work, logits)
 
 @patch
 def _commit(self:Engine, work:list, logits:Tensor) -> list:
-    "Record what a finished forward produced, request by request; if an interrupt stops it, the requests not yet committed are undone."
+    "Record what a finished forward produced, request by request; an interrupt undoes the requests not yet committed."
     events, done = [], 0
     try:
         for w, lg in zip(work, logits):
@@ -349,9 +291,10 @@ def _commit(self:Engine, work:list, logits:Tensor) -> list:
         raise
     return events
 
+# %% ../nbs/41_engine.ipynb #361ca950
 @patch
 def _isolate(self:Engine, work:list, e:Exception) -> list:
-    "After a failed forward: each request alone; one that fails alone ends with the error (its pages back), the others go on as alone."
+    "After a failed forward, each request alone: one failing alone ends with the error (pages back), the rest go on."
     if len(work) == 1:
         self._fail(work[0].request, f"the step failed: {type(e).__name__}: {e}"); return []
     events = []
@@ -371,7 +314,7 @@ def _fail(self:Engine, r:Request, why:str):
     self.counters["failed_total"] += 1
     _log.warning(f"request {r.id} failed: {why}")
 
-# %% ../nbs/41_engine.ipynb #7497a16e
+# %% ../nbs/41_engine.ipynb #367e5a93
 @patch
 def _commit_one(self:Engine, w:Work, lg:Tensor) -> TokenEvent|None:
     "Advance one request by what the forward computed for it: prompt progress, or a sampled token."
@@ -379,12 +322,24 @@ def _commit_one(self:Engine, w:Work, lg:Tensor) -> TokenEvent|None:
     if r.done: return None                    # cancelled by an earlier callback of this step: its pages are back
     if r.status == "prefill" and r.prefilled + len(w.tokens) < len(r.prompt_ids): self.scheduler.advance(w); return None
     try: t = sample(lg, r.sampling, r.generator)
-    except Exception as e: self.scheduler.advance(w); self._fail(r, f"sampling failed: {type(e).__name__}: {e}"); return None
-    self.scheduler.advance(w)                 # from here on nothing raises: the token, the text and the pages move together
+    except Exception as e:
+        self.scheduler.advance(w); self._fail(r, f"sampling failed: {type(e).__name__}: {e}"); return None
+    # from here on nothing raises: the token, the text and the pages move together
+    self.scheduler.advance(w)
     if r.sampling.top_logits:
-        v, i = lg.detach().float().cpu().topk(min(r.sampling.top_logits, lg.shape[-1])); r.top_logits.append((i, v, float(lg.abs().max())))
+        v, i = lg.detach().float().cpu().topk(min(r.sampling.top_logits, lg.shape[-1]))
+        r.top_logits.append((i, v, float(lg.abs().max())))
     return self._emit(r, t)
 
+@patch
+def _deliver(self:Engine, ev:TokenEvent):
+    "Call the request's streaming callback; one that raises ends its own request with the error, and nobody else's."
+    r = ev.request
+    if r.on_token is None: return
+    try: r.on_token(ev)
+    except Exception as e: self._fail(r, f"on_token callback raised {type(e).__name__}: {e}")
+
+# %% ../nbs/41_engine.ipynb #f7575245
 @patch
 def _emit(self:Engine, r:Request, t:int) -> TokenEvent:
     "Record a sampled token, finish the request on a stop token or at max_new_tokens; the event to stream."
@@ -395,22 +350,15 @@ def _emit(self:Engine, r:Request, t:int) -> TokenEvent:
         r.output_ids.append(t); self.counters["generated_tokens_total"] += 1
         reason = "length" if len(r.output_ids) >= r.max_new_tokens else None
     full = self.tokenizer.decode(r.output_ids)
-    text = "" if (reason is None and full.endswith("\ufffd")) else full[len(r.text):]   # hold back a half character until it completes
+    # hold back a half character until it completes
+    text = "" if (reason is None and full.endswith("\ufffd")) else full[len(r.text):]
     if text: r.text = full
     if reason is not None:
         self.scheduler.finish(r, reason)
         self.counters["finished_total"] += 1
     return TokenEvent(r, t, text, reason is not None)
 
-@patch
-def _deliver(self:Engine, ev:TokenEvent):
-    "Call the request's streaming callback; one that raises ends its own request with the error, and nobody else's."
-    r = ev.request
-    if r.on_token is None: return
-    try: r.on_token(ev)
-    except Exception as e: self._fail(r, f"on_token callback raised {type(e).__name__}: {e}")
-
-# %% ../nbs/41_engine.ipynb #1718917e
+# %% ../nbs/41_engine.ipynb #79459928
 @patch
 def run(self:Engine) -> list:
     "Step until no request is left; returns every event."
@@ -424,14 +372,16 @@ def generate(self:Engine, prompts, # one prompt (text or ids) or a list of promp
     "Run prompts to completion together (continuous batching); the finished `Request`s, in order."
     one = isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int))
     prompts = [prompts] if one else list(prompts)
-    ids = [self.encode(p) for p in prompts]                    # tokenized once, and every prompt checked before any is queued
+    # tokenized once, and every prompt checked before any is queued
+    ids = [self.encode(p) for p in prompts]
     for i in ids: self._check_prompt(i, max_new_tokens)
     rs = [self.submit(i, max_new_tokens, sampling, stop) for i in ids]
     while not all(r.done for r in rs): self.step()
     return rs[0] if one else rs
 
 @patch
-def stream(self:Engine, prompt, max_new_tokens:int=64, sampling:SamplingParams|None=None, stop:set|None=None) -> Iterator[TokenEvent]:
+def stream(self:Engine, prompt, max_new_tokens:int=64, sampling:SamplingParams|None=None,
+           stop:set|None=None) -> Iterator[TokenEvent]:
     "Yield the request's `TokenEvent`s as they come (other requests keep running); closing the iterator cancels it."
     r = self.submit(prompt, max_new_tokens, sampling, stop)
     try:
@@ -441,52 +391,44 @@ def stream(self:Engine, prompt, max_new_tokens:int=64, sampling:SamplingParams|N
     finally:
         if not r.done: self.cancel(r)
 
+# %% ../nbs/41_engine.ipynb #afe4351d
 @patch
 def metrics(self:Engine) -> dict:
-    "The pool's gauges and counters plus the engine's (Prometheus names); fixed state: the window, rings and linear-attention states allocated."
+    "The pool's gauges and counters plus the engine's (Prometheus names), and the fixed state allocated."
+    # fixed state: the exact window, sliding-window rings and linear-attention states
     m = self.pool.metrics()
     fixed = self.paged.window_bytes + (self.runner.state_bytes * self.paged.capacity)
-    m.update(hqkv_engine_running=len(self.running), hqkv_engine_waiting=len(self.waiting), hqkv_engine_lanes=self.paged.capacity,
+    m.update(hqkv_engine_running=len(self.running), hqkv_engine_waiting=len(self.waiting),
+             hqkv_engine_lanes=self.paged.capacity,
              hqkv_engine_state_bytes_per_lane=self.plan.state_bytes, hqkv_engine_fixed_state_bytes=fixed)
     m.update({f"hqkv_engine_{k}": v for k, v in self.counters.items()})
     return m
 
 # %% ../nbs/41_engine.ipynb #6d66d110
-def request_rates(r:Request) -> dict:
-    "Timings of a finished request: prefill (to the first token) and decode rates."
-    pre = (r.t_first - r.t_submit) if r.t_first else None
-    dec = (r.t_done - r.t_first) if r.t_first and r.t_done else None
-    n = len(r.output_ids)
-    return dict(prompt_tokens=len(r.prompt_ids), new_tokens=n, prefill_s=pre, decode_s=dec,
-                prefill_tokens_per_s=len(r.prompt_ids) / pre if pre else None,
-                decode_tokens_per_s=(n - 1) / dec if dec and n > 1 else None,
-                tokens_per_s=n / (r.t_done - r.t_submit) if r.t_done else None)
-
 def prefill_progress(eng:Engine, r:Request, after:float=2.0, out=sys.stderr) -> Callable:
-    "Print '\\r[prefill done/total tokens]' on `out` after each step of `r`'s prefill once it has taken `after` seconds; returns the remover."
+    "Print '\\r[prefill done/total tokens]' on `out` each step of `r`'s prefill past `after` s; returns a remover."
     t0, shown = time.perf_counter(), []
     def hook(e, evs):
-        if r.status == "prefill" and time.perf_counter() - t0 > after: out.write(f"\r[prefill {r.prefilled:,}/{len(r.prompt_ids):,} tokens]"); shown.append(1)
+        if r.status == "prefill" and time.perf_counter() - t0 > after:
+            out.write(f"\r[prefill {r.prefilled:,}/{len(r.prompt_ids):,} tokens]"); shown.append(1)
         elif shown and r.status != "prefill": out.write("\r" + " " * 40 + "\r"); shown.clear()
         out.flush()
     return eng.on_step(hook)
 
-# %% ../nbs/41_engine.ipynb #593c5547
+# %% ../nbs/41_engine.ipynb #5412d58c
 DEMO_DEFAULTS = dict(kv_pool_bytes="64Mi", max_context=4096)   # one byte budget for both formats; short requests
 
-def first_difference(a:list, b:list) -> int|None:
-    "Index of the first position where token lists differ (a length difference counts); None if equal."
-    i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-    return i if i is not None else (None if len(a) == len(b) else min(len(a), len(b)))
-
+# %% ../nbs/41_engine.ipynb #d3f99a59
 def demo_report(prompt:str|None=None, # text (default: the KJV excerpt cut to `prompt_tokens`)
                 prompt_tokens:int=1024, formats=("hq-e8-2b", "bf16"), max_tokens:int=24,
-                config:EngineConfig|None=None, # settings (budget, window, ...); kv_format is replaced by each of `formats`
+                # settings (budget, window, ...); kv_format is replaced by each of `formats`
+                config:EngineConfig|None=None,
                ) -> dict:
     "Greedy generation of one prompt in two KV formats on the same byte budget: plans, texts, rates, first difference."
     if len(formats) != 2: raise ValueError(f"demo compares two formats, got {list(formats)}")
     cfg = config or EngineConfig(**DEMO_DEFAULTS)
-    own = lambda f: dict(kv_format=f, key_formats="" if f == "bf16" else cfg.key_formats, value_formats="" if f == "bf16" else cfg.value_formats)   # never the bf16 oracle
+    own = lambda f: dict(kv_format=f, key_formats="" if f == "bf16" else cfg.key_formats,
+                         value_formats="" if f == "bf16" else cfg.value_formats)   # never the bf16 oracle
     eng = Engine(dataclasses.replace(cfg, **own(formats[0])))
     if prompt is None:
         _int("prompt_tokens", prompt_tokens, 1)
@@ -496,10 +438,12 @@ def demo_report(prompt:str|None=None, # text (default: the KJV excerpt cut to `p
     for i, f in enumerate(formats):
         if i: eng.reconfigure(**own(f))
         r = eng.generate(ids, max_new_tokens=max_tokens, stop=set())
-        runs[f] = dict(text=r.text, tokens=r.output_ids, plan=eng.plan.as_dict(), key_profile=eng.key_profile, vram_plan=eng.plan_line(), **request_rates(r))
+        runs[f] = dict(text=r.text, tokens=r.output_ids, plan=eng.plan.as_dict(), key_profile=eng.key_profile,
+                       vram_plan=eng.plan_line(), **request_rates(r))
     a, b = (runs[f]["tokens"] for f in formats)
     d = first_difference(a, b)
     piece = lambda t: repr(eng.tokenizer.decode(t[d:d + 1])) if d < len(t) else "(end)"
-    return dict(model=eng.lm.name, prompt_tokens=len(ids), prompt_tail=eng.tokenizer.decode(ids[-24:]), formats=list(formats), runs=runs, first_difference=d,
+    return dict(model=eng.lm.name, prompt_tokens=len(ids), prompt_tail=eng.tokenizer.decode(ids[-24:]),
+                formats=list(formats), runs=runs, first_difference=d,
                 first_difference_pieces=None if d is None else [piece(a), piece(b)],
                 config=dataclasses.replace(eng.config, **own(formats[0])).as_dict())

@@ -9,10 +9,10 @@ from __future__ import annotations
 import collections, time
 from dataclasses import dataclass, field
 from typing import Callable, Hashable
-from .pool import PoolFull
+from .allocator import PoolFull
 
 # %% auto #0
-__all__ = ['POLICIES', 'Request', 'Work', 'Scheduler']
+__all__ = ['POLICIES', 'Request', 'Work', 'TokenEvent', 'request_rates', 'Scheduler']
 
 # %% ../nbs/41a_scheduler.ipynb #fd18238c
 @dataclass(slots=True, eq=False)
@@ -22,7 +22,8 @@ class Request:
     prompt_ids: list                 # token ids (the tokenizer's <bos> first when the prompt was text)
     max_new_tokens: int
     sampling: object = None          # `hqkv.engine.SamplingParams`
-    stop_ids: frozenset = frozenset()  # sampling one of these ends the request (the stop token is not part of the output)
+    # sampling one of these ends the request (the stop token is not part of the output)
+    stop_ids: frozenset = frozenset()
     on_token: Callable|None = None   # called as on_token(event) for every token (streaming)
     status: str = "waiting"          # waiting -> prefill -> decode -> finished | cancelled | refused | failed
     output_ids: list = field(default_factory=list)
@@ -36,12 +37,15 @@ class Request:
     t_first: float|None = None       # first output token
     t_done: float|None = None
     generator: object = None         # the request's torch.Generator (sampling only)
-    top_logits: list = field(default_factory=list)   # per token, if sampling.top_logits: (ids, logits, largest |logit|) of the best n
+    # per token, if sampling.top_logits: (ids, logits, largest |logit|) of the best n
+    top_logits: list = field(default_factory=list)
     @property
     def done(self) -> bool: return self.status in ("finished", "cancelled", "refused", "failed")
     @property
     def length(self) -> int: return self.prefilled + max(0, len(self.output_ids) - 1)   # tokens the model has seen
-    def __repr__(self): return f"Request({self.id}, {self.status}, prompt={len(self.prompt_ids)}, out={len(self.output_ids)}, {self.finish_reason})"
+    def __repr__(self):
+        return (f"Request({self.id}, {self.status}, prompt={len(self.prompt_ids)}, out={len(self.output_ids)}, "
+                f"{self.finish_reason})")
 
 @dataclass(slots=True)
 class Work:
@@ -52,27 +56,59 @@ class Work:
     @property
     def prefill(self) -> bool: return self.request.status == "prefill"
 
+# %% ../nbs/41a_scheduler.ipynb #52107800
+@dataclass(slots=True, frozen=True)
+class TokenEvent:
+    "What a step produced for one request: a token and the text it adds."
+    request: Request
+    token: int          # the sampled id (a stop token when `finished` and `request.finish_reason == 'stop'`)
+    text: str           # the new text (may be empty while a multi-byte character is incomplete)
+    finished: bool      # the request is done after this token
+
+# %% ../nbs/41a_scheduler.ipynb #bd165693
+def request_rates(r:Request) -> dict:
+    "Timings of a finished request: prefill (to the first token) and decode rates."
+    pre = (r.t_first - r.t_submit) if r.t_first else None
+    dec = (r.t_done - r.t_first) if r.t_first and r.t_done else None
+    n = len(r.output_ids)
+    return dict(prompt_tokens=len(r.prompt_ids), new_tokens=n, prefill_s=pre, decode_s=dec,
+                prefill_tokens_per_s=len(r.prompt_ids) / pre if pre else None,
+                decode_tokens_per_s=(n - 1) / dec if dec and n > 1 else None,
+                tokens_per_s=n / (r.t_done - r.t_submit) if r.t_done else None)
+
 # %% ../nbs/41a_scheduler.ipynb #6552c367
 POLICIES = ("decode-first", "prefill-first")
 
 class Scheduler:
-    "The waiting queue and the running batch: admission (whole bound reserved), a prefill budget per step, a stated policy."
-    def __init__(self, kv, # what admits and releases sequences: a `hqkv.pagedkv.PagedKV` (admit / release), or anything with both
+    "The waiting queue and the running batch: admission (whole bound reserved), a prefill budget per step, a policy."
+    # what admits and releases sequences: a `hqkv.pagedkv.PagedKV` (admit / release), or anything with both
+    def __init__(self, kv,
                  max_batch:int=8, # engine.max_batch: requests running at once
-                 prefill_chunk:int=1024, # engine.prefill_chunk: where prompts are cut (a chunk is at most this many tokens)
+                 # engine.prefill_chunk: where prompts are cut (a chunk is at most this many tokens)
+                 prefill_chunk:int=1024,
                  policy:str="decode-first",
-                 step_tokens:int|None=None, # engine.step_tokens: tokens per step, decodes and chunks together (None: `prefill_chunk` prompt tokens beside the decodes)
-                 skip_reused:bool=False): # prefill starts after the prompt tokens the prefix cache already holds (the kv rebuilds what it needs)
-        if policy not in POLICIES: raise ValueError(f"unknown scheduling policy {policy!r}; choose one of {', '.join(POLICIES)}")
-        for n, x in (("max_batch", max_batch), ("prefill_chunk", prefill_chunk)) + ((("step_tokens", step_tokens),) if step_tokens is not None else ()):
-            if isinstance(x, bool) or not isinstance(x, int) or x < 1: raise ValueError(f"{n} must be a positive int, got {x!r}")
-        self.kv, self.max_batch, self.prefill_chunk, self.policy, self.step_tokens, self.skip_reused = kv, max_batch, prefill_chunk, policy, step_tokens, skip_reused
+                 # engine.step_tokens: tokens per step, decodes and chunks together (None: `prefill_chunk` prompt tokens
+                 # beside the decodes)
+                 step_tokens:int|None=None,
+                 # prefill starts after the prompt tokens the prefix cache already holds (the kv rebuilds what it needs)
+                 skip_reused:bool=False):
+        if policy not in POLICIES:
+            raise ValueError(f"unknown scheduling policy {policy!r}; choose one of {', '.join(POLICIES)}")
+        for n, x in (("max_batch", max_batch),
+                     ("prefill_chunk", prefill_chunk)) + ((("step_tokens", step_tokens),
+                                                           ) if step_tokens is not None else ()):
+            if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+                raise ValueError(f"{n} must be a positive int, got {x!r}")
+        self.kv, self.max_batch, self.prefill_chunk, self.policy = kv, max_batch, prefill_chunk, policy
+        self.step_tokens, self.skip_reused = step_tokens, skip_reused
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []    # in admission order
         self.refused: list[Request] = []    # refused since the last `schedule` (the engine reports them)
         self.admitted: list[Request] = []   # admitted since the last `schedule` (the engine counts their reused prefix)
 
-    def __repr__(self): return f"Scheduler({self.policy}, running={len(self.running)}/{self.max_batch}, waiting={len(self.waiting)}, prefill_chunk={self.prefill_chunk}, step_tokens={self.step_tokens})"
+    def __repr__(self):
+        return (f"Scheduler({self.policy}, running={len(self.running)}/{self.max_batch}, waiting={len(self.waiting)}, "
+                f"prefill_chunk={self.prefill_chunk}, step_tokens={self.step_tokens})")
     @property
     def idle(self) -> bool: return not (self.running or self.waiting)
     def add(self, r:Request):
@@ -83,7 +119,9 @@ class Scheduler:
         "Move waiting requests into the batch, first come first served, while the pool can reserve their whole bound."
         while self.waiting and len(self.running) < self.max_batch:
             r = self.waiting[0]
-            try: a = self.kv.admit(r.id, r.prompt_ids, r.max_new_tokens, **({"resume": True} if self.skip_reused else {}))
+            try:
+                a = self.kv.admit(r.id, r.prompt_ids, r.max_new_tokens,
+                                  **({"resume": True} if self.skip_reused else {}))
             except PoolFull: break                # the head waits for pages; the others wait behind it
             except ValueError as e:               # it can never fit: refused, the queue moves on
                 self.waiting.popleft()
@@ -104,7 +142,8 @@ class Scheduler:
         pre = []
         for r in self.running:                    # admission order: the oldest prompt first
             if r.status != "prefill": continue
-            n = min(self.prefill_chunk, len(r.prompt_ids) - r.prefilled)   # its next whole chunk: cut where it would be cut alone
+            # its next whole chunk: cut where it would be cut alone
+            n = min(self.prefill_chunk, len(r.prompt_ids) - r.prefilled)
             if n <= budget or not pre:            # the oldest prompt advances even past the budget
                 pre.append(Work(r, r.prompt_ids[r.prefilled:r.prefilled + n], r.prefilled)); budget -= n
         if self.policy == "prefill-first" and pre: return pre
@@ -120,7 +159,7 @@ class Scheduler:
         return True
 
     def finish(self, r:Request, reason:str, cancel:bool=False):
-        "Take a running or waiting request out (finished: full pages cached for prefix reuse; cancel: all freed; reason 'error': failed)."
+        "Take a running or waiting request out (finished: full pages cached; cancel: all freed; 'error': failed)."
         if r.status == "waiting": self.waiting.remove(r)
         elif r in self.running:
             self.running.remove(r)

@@ -17,8 +17,8 @@ from .models.weights import WEIGHTS
 from .models.identity import DEFAULT_MODEL
 
 # %% auto #0
-__all__ = ['SETTINGS', 'SETTING', 'EngineConfig', 'Setting', 'env_name', 'settings_table', 'add_settings', 'settings_flags',
-           'config_from_args']
+__all__ = ['SETTINGS', 'SETTING', 'EngineConfig', 'Setting', 'env_name', 'settings_table', 'check_budget', 'add_settings',
+           'settings_flags', 'config_from_args']
 
 # %% ../nbs/41c_settings.ipynb #33cc47d5
 @dataclass(frozen=True, slots=True)
@@ -26,7 +26,8 @@ class Setting:
     "One engine setting: its config-file key, environment variable, type, default and command-line flag."
     field: str             # the `EngineConfig` attribute
     key: str               # 'table.name': `[table] name = ...` in a config file
-    kind: str              # how text and TOML values are read: 'str', 'int', 'bool', 'budget' (bytes or a size string), 'formats'
+    # how text and TOML values are read: 'str', 'int', 'bool', 'budget' (bytes or a size string), 'formats'
+    kind: str
     default: object
     flag: str|None         # the command-line flag (None: config file and environment only)
     help: str              # one line
@@ -40,25 +41,49 @@ class Setting:
     def name(self) -> str: return self.key.split(".")[1]
 
 SETTINGS = (
-    Setting("model", "model.path", "str", DEFAULT_MODEL, "--model", "the bundled model, a packaged test model (smollm2-135m, qwen2.5-coder-0.5b), a .gguf file or a transformers directory"),
+    Setting("model", "model.path", "str", DEFAULT_MODEL, "--model",
+            "the bundled model, a packaged test model (smollm2-135m, qwen2.5-coder-0.5b), a .gguf file or a "
+            "transformers directory"),
     Setting("kv_format", "model.kv_format", "str", "hq-e8-2b", "--format", "the pages' KV format"),
-    Setting("kv_pool_bytes", "vram.kv_pool_bytes", "budget", "64Ktok", "--budget", "the pool's budget: bytes ('512Mi') or tokens ('64Ktok')"),
-    Setting("max_context", "engine.max_context", "int", 32768, "--context", "the most tokens (prompt + new) one request may hold"),
-    Setting("prefill_chunk", "engine.prefill_chunk", "int", 1024, "--prefill-chunk", "where prompts are cut: at most this many of a request's prompt tokens per step (a multiple of 64)"),
-    Setting("step_tokens", "engine.step_tokens", "int", None, "--step-tokens", "tokens per step, decodes and prompt chunks together (none: prefill_chunk prompt tokens beside the decodes)", optional=True),
+    Setting("kv_pool_bytes", "vram.kv_pool_bytes", "budget", "64Ktok",
+            "--budget", "the pool's budget: bytes ('512Mi') or tokens ('64Ktok')"),
+    Setting("max_context", "engine.max_context", "int", 32768, "--context",
+            "the most tokens (prompt + new) one request may hold"),
+    Setting("prefill_chunk", "engine.prefill_chunk", "int", 1024,
+            "--prefill-chunk",
+            "where prompts are cut: at most this many of a request's prompt tokens per step (a multiple of 64)"),
+    Setting("step_tokens", "engine.step_tokens", "int", None, "--step-tokens",
+            "tokens per step, decodes and prompt chunks together (none: prefill_chunk prompt tokens "
+            "beside the decodes)", optional=True),
     Setting("max_batch", "engine.max_batch", "int", 8, "--max-batch", "requests running at once"),
-    Setting("policy", "engine.policy", "str", "decode-first", "--policy", "decode-first or prefill-first (hqkv.scheduler)"),
-    Setting("prefix_reuse", "engine.prefix_reuse", "bool", True, "--prefix-reuse", "a prompt starts after the pages it shares with an earlier one (models whose layers are all full attention)"),
-    Setting("window_sinks", "kv.window_sinks", "int", 32, "--window-sinks", "first tokens of a sequence also kept exact"),
-    Setting("window_recent", "kv.window_recent", "int", 512, "--window-recent", "latest tokens also kept exact (0 and 0: no window)"),
-    Setting("device", "engine.device", "str", "cpu", "--device", "where the model and the pool live ('cpu', 'cuda', 'cuda:1')"),
-    Setting("dtype", "engine.dtype", "str", "float32", "--dtype", "model weights and activations: float32, bfloat16 or float16"),
-    Setting("weights", "engine.weights", "str", "auto", "--weights", "the linear layers' weights: int8 (one scale per 32 weights; float32 models on CPU), int4 (ggml's Q4_0: half int8's bytes, coarser), fp32 (as loaded) or auto (int8 where it applies)"),
-    Setting("attn", "engine.attn", "str", None, "--attn", "attention backend: gather, ref, triton or cpu (none: picked per device)", optional=True),
-    Setting("key_profile", "kv.key_profile", "str", "auto", "--key-profile", "'auto' (the model's calibrated profile, rotated formats), 'off', or a profile file"),
-    Setting("key_formats", "kv.key_formats", "formats", "", "--key-formats", "some layers' keys in their own format, 'LAYER=FORMAT,...' (model layer ids), e.g. '5=tbq3,11=tbq3'"),
-    Setting("value_formats", "kv.value_formats", "formats", "", "--value-formats", "some layers' values in their own format, the same way, e.g. '5=q8_0'"),
-    Setting("bit_plan", "kv.bit_plan", "str", "auto", "--bit-plan", "'auto': the key profile's calibrated per-(layer, K/V) formats for kv.format (`hqkv calibrate --budget`) unless key_formats or value_formats are set; 'off': none"),
+    Setting("policy", "engine.policy", "str", "decode-first", "--policy",
+            "decode-first or prefill-first (hqkv.scheduler)"),
+    Setting("prefix_reuse", "engine.prefix_reuse", "bool", True,
+            "--prefix-reuse",
+            "a prompt starts after the pages it shares with an earlier one (models whose layers are "
+            "all full attention)"),
+    Setting("window_sinks", "kv.window_sinks", "int", 32, "--window-sinks",
+            "first tokens of a sequence also kept exact"),
+    Setting("window_recent", "kv.window_recent", "int", 512, "--window-recent",
+            "latest tokens also kept exact (0 and 0: no window)"),
+    Setting("device", "engine.device", "str", "cpu", "--device",
+            "where the model and the pool live ('cpu', 'cuda', 'cuda:1')"),
+    Setting("dtype", "engine.dtype", "str", "float32", "--dtype",
+            "model weights and activations: float32, bfloat16 or float16"),
+    Setting("weights", "engine.weights", "str", "auto", "--weights",
+            "the linear layers' weights: int8 (one scale per 32 weights; float32 models on CPU), int4 (ggml's Q4_0: "
+            "half int8's bytes, coarser), fp32 (as loaded) or auto (int8 where it applies)"),
+    Setting("attn", "engine.attn", "str", None, "--attn",
+            "attention backend: gather, ref, triton or cpu (none: picked per device)", optional=True),
+    Setting("key_profile", "kv.key_profile", "str", "auto", "--key-profile",
+            "'auto' (the model's calibrated profile, rotated formats), 'off', or a profile file"),
+    Setting("key_formats", "kv.key_formats", "formats", "", "--key-formats",
+            "some layers' keys in their own format, 'LAYER=FORMAT,...' (model layer ids), e.g. '5=tbq3,11=tbq3'"),
+    Setting("value_formats", "kv.value_formats", "formats", "", "--value-formats",
+            "some layers' values in their own format, the same way, e.g. '5=q8_0'"),
+    Setting("bit_plan", "kv.bit_plan", "str", "auto", "--bit-plan",
+            "'auto': the key profile's calibrated per-(layer, K/V) formats for kv.format (`hqkv calibrate --budget`) "
+            "unless key_formats or value_formats are set; 'off': none"),
 )
 SETTING = {s.field: s for s in SETTINGS}
 
@@ -71,7 +96,8 @@ def settings_table() -> str:
     "The settings as a Markdown table (what the docs show)."
     rows = ["| setting | environment | flag | type | default | what it does |", "|---|---|---|---|---|---|"]
     for s in SETTINGS:
-        d = "none" if s.default is None else (repr(s.default) if isinstance(s.default, str) else str(s.default).lower() if isinstance(s.default, bool) else s.default)
+        d = ("none" if s.default is None else repr(s.default) if isinstance(s.default, str)
+             else str(s.default).lower() if isinstance(s.default, bool) else s.default)
         rows.append(f"| `[{s.table}] {s.name}` | `{s.env}` | `{s.flag or ''}` | {s.kind} | `{d}` | {s.help} |")
     return "\n".join(rows)
 
@@ -87,29 +113,42 @@ class _Checks:
     "What every `EngineConfig` is checked against when it is made."
     def __post_init__(self):
         if isinstance(self.model, Path): self.model = str(self.model)
-        if not isinstance(self.model, str) or not self.model: raise TypeError(f"model must be a model name or path, got {self.model!r}")
-        if self.policy not in POLICIES: raise ValueError(f"unknown scheduling policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
-        if not isinstance(self.kv_format, str): raise TypeError(f"kv_format must be a format name, got {self.kv_format!r}")
+        if not isinstance(self.model, str) or not self.model:
+            raise TypeError(f"model must be a model name or path, got {self.model!r}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown scheduling policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
+        if not isinstance(self.kv_format, str):
+            raise TypeError(f"kv_format must be a format name, got {self.kv_format!r}")
         codec_class(self.kv_format)                       # unknown format: ValueError listing the supported ones
         parse_budget(self.kv_pool_bytes)                  # unreadable budget: ValueError with the accepted forms
-        _int("max_context", self.max_context, 1); _int("prefill_chunk", self.prefill_chunk, 64); _int("max_batch", self.max_batch, 1)
-        if self.prefill_chunk % 64: raise ValueError(f"prefill_chunk must be a multiple of 64, got {self.prefill_chunk}")
+        _int("max_context", self.max_context, 1)
+        _int("prefill_chunk", self.prefill_chunk, 64); _int("max_batch", self.max_batch, 1)
+        if self.prefill_chunk % 64:
+            raise ValueError(f"prefill_chunk must be a multiple of 64, got {self.prefill_chunk}")
         if self.step_tokens is not None: _int("step_tokens", self.step_tokens, 1)
-        if not isinstance(self.prefix_reuse, bool): raise TypeError(f"prefix_reuse must be true or false, got {self.prefix_reuse!r}")
+        if not isinstance(self.prefix_reuse, bool):
+            raise TypeError(f"prefix_reuse must be true or false, got {self.prefix_reuse!r}")
         _int("window_sinks", self.window_sinks, 0); _int("window_recent", self.window_recent, 0)
         if self.dtype not in _DTYPES: raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
-        if self.weights not in WEIGHTS: raise ValueError(f"engine.weights must be one of {', '.join(WEIGHTS)}, got {self.weights!r}")
+        if self.weights not in WEIGHTS:
+            raise ValueError(f"engine.weights must be one of {', '.join(WEIGHTS)}, got {self.weights!r}")
         try: torch.device(self.device)
-        except (RuntimeError, TypeError): raise ValueError(f"device {self.device!r} is not a torch device (e.g. 'cpu', 'cuda', 'cuda:1')") from None
-        if not isinstance(self.key_profile, (str, Path)): raise TypeError(f"key_profile must be 'auto', 'off' or a path, got {self.key_profile!r}")
+        except (RuntimeError, TypeError):
+            raise ValueError(f"device {self.device!r} is not a torch device (e.g. 'cpu', 'cuda', 'cuda:1')") from None
+        if not isinstance(self.key_profile, (str, Path)):
+            raise TypeError(f"key_profile must be 'auto', 'off' or a path, got {self.key_profile!r}")
         if str(self.key_profile) not in ("auto", "off") and not Path(self.key_profile).is_file():
-            raise ValueError(f"kv.key_profile: no key profile file at {self.key_profile} (use 'auto', 'off', or a file from `hqkv calibrate`)")
+            raise ValueError(f"kv.key_profile: no key profile file at {self.key_profile} (use 'auto', 'off', or a file "
+                             "from `hqkv calibrate`)")
         for n in ("key_formats", "value_formats"):
             x = getattr(self, n)
-            if isinstance(x, Mapping): x = ",".join(f"{l}={f}" for l, f in x.items()); setattr(self, n, x)   # a TOML table
+            # a TOML table
+            if isinstance(x, Mapping): x = ",".join(f"{l}={f}" for l, f in x.items()); setattr(self, n, x)
             if not isinstance(x, str): raise TypeError(f"{n} must be a string like '5=tbq3,11=tbq3', got {x!r}")
-            for _, f in key_format_items(x): codec_class(f)   # syntax and format names now; layer ids when the pool is built
-        if self.bit_plan not in ("auto", "off"): raise ValueError(f"kv.bit_plan must be 'auto' or 'off', got {self.bit_plan!r}")
+            # syntax and format names now; layer ids when the pool is built
+            for _, f in key_format_items(x): codec_class(f)
+        if self.bit_plan not in ("auto", "off"):
+            raise ValueError(f"kv.bit_plan must be 'auto' or 'off', got {self.bit_plan!r}")
         if self.attn is not None and self.attn not in ATTN_BACKENDS:
             raise ValueError(f"unknown attention backend {self.attn!r}; choose one of {', '.join(ATTN_BACKENDS)}")
 
@@ -122,9 +161,27 @@ class _Checks:
 
 EngineConfig = dataclasses.make_dataclass("EngineConfig",
     [(s.field, _ANNOTATION[s.kind] + ("|None" if s.optional else ""), field(default=s.default)) for s in SETTINGS]
-    + [("sources", "dict", field(default_factory=dict, compare=False, repr=False))],   # field -> where its value came from
+    # field -> where its value came from
+    + [("sources", "dict", field(default_factory=dict, compare=False, repr=False))],
     bases=(_Checks,), namespace={"__module__": __name__,
-                                 "__doc__": "Everything an `Engine` is built from, one field per row of `SETTINGS`; `EngineConfig.resolve` reads flag > environment > config file > default."})
+                                 "__doc__": "Everything an `Engine` is built from, one field per row of `SETTINGS`; "
+                                            "`EngineConfig.resolve` reads flag > environment > config file > default."})
+
+# %% ../nbs/41c_settings.ipynb #625c8683
+def check_budget(cfg:EngineConfig,
+                 p,          # the pool's `hqkv.sizing.Plan` under `cfg`
+                 have:int):  # bytes of memory the device has in all
+    "Refuse a pool the device cannot hold, or one that cannot hold a single engine.max_context request."
+    if p.bytes + cfg.max_batch * p.state_bytes > have:
+        raise ValueError(f"vram.kv_pool_bytes={cfg.kv_pool_bytes!r} asks for {p.bytes:,} bytes of pages "
+                         f"(+ {cfg.max_batch * p.state_bytes:,} of fixed state for {cfg.max_batch} lanes), "
+                         f"but {cfg.device} has {have:,} bytes of memory in all: give a smaller budget")
+    if p.tokens < cfg.max_context:
+        need = -(-cfg.max_context // p.page_tokens)
+        raise ValueError(f"vram.kv_pool_bytes={cfg.kv_pool_bytes!r} buys {p.pages} pages = {p.tokens:,} tokens in "
+                         f"{cfg.kv_format}, less than one engine.max_context of {cfg.max_context:,} tokens: "
+                         f"give at least {need * p.page_bytes:,} bytes ({need * p.page_tokens}tok) "
+                         "or lower engine.max_context")
 
 # %% ../nbs/41c_settings.ipynb #23d89375
 def _read_config(config):
@@ -139,13 +196,18 @@ def _read_config(config):
     try: return tomllib.loads(p.read_text()), str(p)
     except tomllib.TOMLDecodeError as e: raise ValueError(f"config file {p} is not valid TOML: {e}") from None
 
-def _kind(v): return {str: "a string", bool: "a boolean", float: "a float", list: "a list", dict: "a table", int: "an integer"}.get(type(v), type(v).__name__)
+def _kind(v):
+    return {str: "a string", bool: "a boolean", float: "a float", list: "a list", dict: "a table",
+            int: "an integer"}.get(type(v), type(v).__name__)
 
 def _from_file(s:Setting, x, where:str):
     "A config-file value of the type its setting takes, or a TypeError naming the file, the key and what was there."
-    ok = {"int": lambda: isinstance(x, int) and not isinstance(x, bool), "str": lambda: isinstance(x, str), "bool": lambda: isinstance(x, bool),
-          "budget": lambda: isinstance(x, (int, str)) and not isinstance(x, bool), "formats": lambda: isinstance(x, (str, Mapping))}[s.kind]()
-    want = {"int": "an integer", "str": "a string", "bool": "true or false", "budget": "bytes (an integer) or a size string like '512Mi' or '64Ktok'",
+    ok = {"int": lambda: isinstance(x, int) and not isinstance(x, bool), "str": lambda: isinstance(x, str),
+          "bool": lambda: isinstance(x, bool),
+          "budget": lambda: isinstance(x, (int, str)) and not isinstance(x, bool),
+          "formats": lambda: isinstance(x, (str, Mapping))}[s.kind]()
+    want = {"int": "an integer", "str": "a string", "bool": "true or false",
+            "budget": "bytes (an integer) or a size string like '512Mi' or '64Ktok'",
             "formats": "a string like '5=tbq3' or a table"}[s.kind]
     if not ok: raise TypeError(f"{where}: expected {want}, got {x!r} ({_kind(x)})")
     return x
@@ -170,7 +232,7 @@ def _resolve(cls, flags:Mapping|None=None, # values given explicitly (CLI flags)
              env:Mapping|None=None, # the environment (default `os.environ`)
              config:str|Path|Mapping|None=None, # a TOML file (or its parsed dict); default: $HQKV_CONFIG if set
             ) -> EngineConfig:
-    "A config from flag > environment (`HQKV_MODEL_KV_FORMAT`, ...) > config file ([model] [vram] [engine] [kv]) > default."
+    "A config from flag > environment (`HQKV_MODEL_KV_FORMAT`, ...) > config file ([model] [vram] ...) > default."
     flags = {k: v for k, v in (flags or {}).items() if v is not None}
     bad = set(flags) - set(SETTING)
     if bad: raise ValueError(f"unknown engine setting(s) {sorted(bad)}; known: {', '.join(SETTING)}")
@@ -180,15 +242,21 @@ def _resolve(cls, flags:Mapping|None=None, # values given explicitly (CLI flags)
     keys = {(s.table, s.name) for s in SETTINGS}
     unknown = [f"[{t}] {k}" for t, kv in table.items() if isinstance(kv, Mapping) for k in kv if (t, k) not in keys]
     unknown += [f"{t}" for t, kv in table.items() if not isinstance(kv, Mapping)]
-    if unknown: raise ValueError(f"config file {where}: unknown setting(s) {', '.join(unknown)}; known: " + ", ".join(f"[{s.table}] {s.name}" for s in SETTINGS))
+    if unknown:
+        raise ValueError(f"config file {where}: unknown setting(s) "
+                         f"{', '.join(unknown)}; known: " + ", ".join(f"[{s.table}] {s.name}" for s in SETTINGS))
     vals, src = {}, {}
     for s in SETTINGS:
         f = s.field
         if f in flags: vals[f], src[f] = flags[f], "flag"
         elif env.get(s.env, "") != "": vals[f], src[f] = _from_text(s, env[s.env], s.env), f"env {s.env}"
-        elif s.name in table.get(s.table, {}): vals[f], src[f] = _from_file(s, table[s.table][s.name], f"config file {where}: [{s.table}] {s.name}"), f"file {where} [{s.table}] {s.name}"
+        elif s.name in table.get(s.table, {}):
+            vals[f], src[f] = _from_file(s, table[s.table][s.name],
+                                         f"config file {where}: "
+                                         f"[{s.table}] {s.name}"), f"file {where} [{s.table}] {s.name}"
         else: src[f] = "default"
-    for f, v in vals.items():                # a bad value from the environment or a file is refused naming where it came from
+    # a bad value from the environment or a file is refused naming where it came from
+    for f, v in vals.items():
         if src[f] != "flag":
             try: cls(**{f: v})
             except (TypeError, ValueError) as e: raise type(e)(f"{src[f]}: {e}") from None
@@ -216,7 +284,7 @@ def settings_flags(args:argparse.Namespace) -> dict:
     return {s.field: getattr(args, s.field) for s in SETTINGS if getattr(args, s.field, None) is not None}
 
 def config_from_args(args:argparse.Namespace, env:Mapping|None=None, **fixed) -> EngineConfig:
-    "`EngineConfig.resolve` of a command's flags (and `fixed` values, which beat them) over the environment and `--config`; a bad flag is named."
+    "`EngineConfig.resolve` of a command's flags (`fixed` values beat them) over the environment and `--config`."
     flags = settings_flags(args)
     for f, v in flags.items():
         try: EngineConfig(**{f: v})

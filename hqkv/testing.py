@@ -12,7 +12,7 @@ from torch import Tensor
 
 # %% auto #0
 __all__ = ['NEAR_TIE', 'RefTopK', 'ref_topk', 'check_greedy', 'check_sampled', 'reference_greedy', 'check_reference_greedy',
-           'check_top1', 'top2_margin']
+           'check_top1', 'top2_margin', 'first_difference']
 
 # %% ../nbs/03_testing.ipynb #db7b32db
 NEAR_TIE = 2 ** -7   # of the reference's largest |logit|: > 3x the widest measured gap between two paths hqkv compares
@@ -35,7 +35,8 @@ class RefTopK:
     def of(cls, rows:list) -> RefTopK:
         "From per-token (ids, logits, largest |logit|) rows: what the engine keeps with `SamplingParams(top_logits=k)`."
         if not rows: raise ValueError("no rows: generate with SamplingParams(top_logits=k) to keep them")
-        return cls(torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows]), torch.tensor([float(r[2]) for r in rows]))
+        return cls(torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows]),
+                   torch.tensor([float(r[2]) for r in rows]))
 
 def ref_topk(model, # a causal LM called as `model(input_ids=[1, T]).logits`
              prompt:list, tokens:list, # the prompt's ids and the continuation to score
@@ -49,23 +50,30 @@ def ref_topk(model, # a causal LM called as `model(input_ids=[1, T]).logits`
     return RefTopK(i, v, lg.abs().amax(-1))
 
 # %% ../nbs/03_testing.ipynb #b88715e3
-def _first_difference(got:list, want:list, what:str) -> tuple: # (got, want as int lists, the first index where they differ or None)
+# (got, want as int lists, the first index where they differ or None)
+def _first_difference(got:list, want:list, what:str) -> tuple:
     "Where two continuations part; equal ones must also be equally long."
     got, want = [int(t) for t in got], [int(t) for t in want]
     i = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), None)
-    if i is None and len(got) != len(want): raise AssertionError(f"{what}: {len(got)} tokens, the reference has {len(want)}")
+    if i is None and len(got) != len(want):
+        raise AssertionError(f"{what}: {len(got)} tokens, the reference has {len(want)}")
     return got, want, i
 
 def check_greedy(got:list, # the continuation under test
                  want:list, # the reference's greedy continuation of the same prompt
-                 ref:RefTopK|None=None, # the reference's top tokens along `want` (`ref_topk`); None: any difference fails
-                 eps:float=NEAR_TIE, # how close (relative to the largest |logit|) the reference's best two must be for a difference to be noise
+                 # the reference's top tokens along `want` (`ref_topk`); None: any difference fails
+                 ref:RefTopK|None=None,
+                 # how close (relative to the largest |logit|) the reference's best two must be for a difference to be
+                 # noise
+                 eps:float=NEAR_TIE,
                  what:str="greedy", # named in the error
                 ) -> int: # tokens verified equal before a near-tie (len(want) if none)
-    "Assert `got` equals `want` up to the first position where the reference is undecided (its choice and `got`'s within `eps`)."
+    "Assert `got` equals `want` up to the first position the reference is undecided at (its and `got`'s within `eps`)."
     got, want, i = _first_difference(got, want, what)
     if i is None: return len(want)
-    if ref is None: raise AssertionError(f"{what}: token {i} is {got[i]}, the reference's {want[i]}, and there are no reference logits to judge it")
+    if ref is None:
+        raise AssertionError(f"{what}: token {i} is {got[i]}, the reference's {want[i]}, and there are no reference "
+                             "logits to judge it")
     gap = ref.gap(i, got[i])
     if gap > eps:
         raise AssertionError(f"{what}: token {i} is {got[i]}, the reference's {want[i]}; the reference prefers it by "
@@ -76,15 +84,19 @@ def check_greedy(got:list, # the continuation under test
 def check_sampled(got:list, want:list, # two sampled continuations of one prompt with one seed
                   got_top:RefTopK, want_top:RefTopK, # each path's own top logits along its continuation
                   eps:float=NEAR_TIE, what:str="sampled") -> int: # tokens verified equal before the paths part
-    "Assert two seeded samples agree up to the first token, and that there both paths' logits agree within `eps` (relative)."
+    "Assert two seeded samples agree up to the first token, and there both paths' logits agree within `eps` (relative)."
     got, want, i = _first_difference(got, want, what)
     if i is None: return len(want)
     mine = set(got_top.ids[i].tolist())
     common = [t for t in want_top.ids[i].tolist() if t in mine]
-    if not common: raise AssertionError(f"{what}: token {i}: the two paths share none of their top tokens: a real divergence")
-    d = max(abs(got_top.gap(i, t) * float(got_top.scale[i]) - want_top.gap(i, t) * float(want_top.scale[i])) for t in common)   # below each best: what sampling sees
+    if not common:
+        raise AssertionError(f"{what}: token {i}: the two paths share none of their top tokens: a real divergence")
+    # below each best: what sampling sees
+    d = max(abs(got_top.gap(i, t) * float(got_top.scale[i]) - want_top.gap(i, t) * float(want_top.scale[i]))
+            for t in common)
     if d > eps * float(want_top.scale[i]):
-        raise AssertionError(f"{what}: token {i} is {got[i]}, the other path's {want[i]}, and their logits differ by {d:.3g} "
+        raise AssertionError(f"{what}: token {i} is {got[i]}, the other path's {want[i]}, and their logits "
+                             f"differ by {d:.3g} "
                              f"> eps {eps:g} of the largest |logit|: a real divergence, not a draw at a boundary")
     return i
 
@@ -112,16 +124,24 @@ def check_top1(agree:Tensor, # bool [n]: the path's argmax equals the reference'
                margin:Tensor, # float [n]: the reference's top-2 margin there, relative to its largest |logit|
                eps:float=NEAR_TIE, what:str="top-1") -> int: # the disagreements (each at a near-tie)
     "Assert every top-1 disagreement sits where the reference's best two are within `eps` (relative)."
-    if agree.shape != margin.shape: raise ValueError(f"{what}: agree {tuple(agree.shape)} and margin {tuple(margin.shape)} differ in shape")
+    if agree.shape != margin.shape:
+        raise ValueError(f"{what}: agree {tuple(agree.shape)} and margin {tuple(margin.shape)} differ in shape")
     bad = (~agree.bool()) & (margin.float() > eps)
     if bad.any():
         k = int(bad.nonzero()[0, 0])
-        raise AssertionError(f"{what}: {int(bad.sum())} of {len(agree)} positions disagree where the reference is decided "
+        raise AssertionError(f"{what}: {int(bad.sum())} of {len(agree)} positions disagree where the "
+                             "reference is decided "
                              f"(position {k}: margin {float(margin[k]):.3g} > eps {eps:g})")
     return int((~agree.bool()).sum())
 
 # %% ../nbs/03_testing.ipynb #28d29faf
 def top2_margin(logits:Tensor) -> Tensor: # float32 [...]: (best - second best) / largest |logit|
-    "The reference's top-2 margin at each row of `logits` [..., V], relative to its largest |logit| (what `check_top1` reads)."
+    "The reference's top-2 margin at each row of `logits` [..., V], relative to its largest |logit| (for `check_top1`)."
     top2 = logits.float().topk(2, -1).values
     return (top2[..., 0] - top2[..., 1]) / logits.float().abs().amax(-1)
+
+# %% ../nbs/03_testing.ipynb #6cae225b
+def first_difference(a:list, b:list) -> int|None:
+    "Index of the first position where token lists differ (a length difference counts); None if equal."
+    i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    return i if i is not None else (None if len(a) == len(b) else min(len(a), len(b)))

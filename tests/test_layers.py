@@ -7,7 +7,7 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "hqkv"
 
 LAYERS = [  # lowest first; a module may import any module of a lower layer
-    ["models.gemma3", "rotation", "precision", "testing"],   # nothing of hqkv
+    ["models.gemma3", "rotation", "precision", "testing", "sampling"],   # nothing of hqkv
     ["models.identity"],                # a model's name, identity and files (reads gemma3's config class only)
     ["codec"],                          # the row formats (codec.* is one package)
     ["sizing", "fixtures"],             # bytes per token, geometries; shipped texts and data
@@ -25,6 +25,7 @@ LAYERS = [  # lowest first; a module may import any module of a lower layer
     ["quality"],                        # KLD, needles, the variants
     ["calibrate"],                      # measuring profiles and row sensitivities
     ["settings", "monitor"],            # the engine's settings; pool metrics
+    ["model_cache"],                    # the engine's model: loaded once per process, device checks, stop ids
     ["engine"],
     ["openai_api", "loadtest"],         # OpenAI request fields checked at the door; streaming clients for a load test
     ["cli", "serve", "vllm"],
