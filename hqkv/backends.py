@@ -287,12 +287,13 @@ class PagedAttn:
     def store(self, kv, li, k, v, slots):
         if self._store is None: return encode_store(kv, li, k, v, slots)
         kc, vc = kv.k_codecs[li], kv.v_codecs[li]
-        self._store(k.float().contiguous(), v.float().contiguous(), kv.pool.k(li), kv.pool.v(li), slots, kc if kc is vc else (kc, vc), check=False)
+        self._store(k.float().contiguous(), v.float().contiguous(), kv.pool.k(li), kv.pool.v(li), slots,
+                    kc if kc is vc else (kc, vc), check=False)
     def attend(self, kv, step, li, q, k, v, scale, softcap=None):
         if softcap is not None: raise ValueError(f"the {self.name} attention backend has no logit soft-capping (softcap={softcap}); use attn='gather'")
         p, w = step.attn, (kv.windows[li] if kv.windows is not None else None)
         kp, vp, kc, vc = kv.pool.k(li), kv.pool.v(li), kv.k_codecs[li], kv.v_codecs[li]
-        c = kc if kc is vc else (kc, vc)                 # keys in another format than values: every backend reads the pair
+        c = kc if kc is vc else (kc, vc)                 # keys in another format than values: a (key, value) pair
         kr, vr = (kc.rotate(k.float()), vc.rotate(v.float())) if w is not None else (None, None)
         o = torch.empty_like(q)
         if p.dec:
@@ -326,10 +327,11 @@ def _triton_check(pool):
         kc, vc = pool.k_codec(li), pool.v_codec(li)
         try: kernel_formats((kc, vc))
         except ValueError as e:
-            raise ValueError(f"attention layer {li} (keys {kc.name}, values {vc.name}, head_dim {kc.head_dim}): {e}") from None
+            raise ValueError(f"attention layer {li} (keys {kc.name}, values {vc.name}, head_dim {kc.head_dim}): {e}") \
+                from None
 
 def triton_kernels_read(pool:KVPool) -> bool:
-    "Whether the Triton kernels read every layer of `pool`: each layer's key and value formats and head size (imports no Triton)."
+    "Whether the Triton kernels read every layer of `pool`: its key and value formats, head size (imports no Triton)."
     try: _triton_check(pool)
     except ValueError: return False
     return True   # the store kernel codes rows as they come
@@ -372,7 +374,7 @@ def cpu_kernels_read(pool:KVPool) -> bool:
 def default_backend(pool:KVPool, # the pool the backend reads
                     softcap:bool=False, # the model soft-caps attention logits (Gemma 2): only `gather` does
                    ) -> str:
-    "The attention backend used when none is named: on CUDA the Triton kernels for the pools they read (a bit plan's mix too); on CPU the CPU kernels for the formats they read; else `gather`."
+    "Default: on CUDA the Triton kernels for pools they read (a bit plan's too), on CPU the CPU kernels'; else `gather`."
     if softcap: return "gather"
     if pool.device.type == "cuda" and triton_kernels_read(pool): return "triton"
     if pool.device.type == "cpu" and cpu_kernels_read(pool): return "cpu"

@@ -45,7 +45,9 @@ from hqkv.kernels.prefill import prefill
 
 if args.tiny: HQ, HKV, D, CONTEXTS, BATCHES, PREFIX, CHUNK = 6, 1, 64, [256, 512], [1, 2], 256, 32
 else: HQ, HKV, D, CONTEXTS, BATCHES, PREFIX, CHUNK = 24, 4, 256, [4096, 32768, 131072], [1, 8], 32768, 1024
-FORMATS = [f for f in ("hq-e8-2b", "bf16") if f in list_codecs()]
+from hqkv.kernels import KERNEL_FORMATS
+FORMATS = [f for f in (("hq-e8-2b", "bf16") if args.tiny else ("hq-e8-2b", "bf16", *KERNEL_FORMATS)) if f in list_codecs()]
+FORMATS = list(dict.fromkeys(FORMATS))   # every format the kernels read on a GPU; the two of the issue under the interpreter
 i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=DEV)
 
 def bench(fn):
@@ -74,7 +76,7 @@ for ctx in CONTEXTS:
         row = dict(context=ctx, batch=B)
         dense = None
         for name in FORMATS:
-            codec = get_codec(name, head_dim=D)
+            codec = get_codec(name, head_dim=D, **({"allow": True} if name == "tbq3" else {}))
             kp, one_k = make_pages(codec, B * n, 1); vp, one_v = make_pages(codec, B * n, 2)
             ws = DecodeWorkspace.allocate(B, HKV, HQ // HKV, D, 64, DEV)
             o = decode(q, kp, vp, ip, idx, lpl, codec, workspace=ws)
@@ -103,7 +105,7 @@ q = torch.randn(CHUNK, HQ, D, device=DEV, dtype=torch.bfloat16)
 kn, vn = torch.randn(CHUNK, HKV, D, device=DEV), torch.randn(CHUNK, HKV, D, device=DEV)
 n = -(-L // 64)
 for name in FORMATS:
-    codec = get_codec(name, head_dim=D)
+    codec = get_codec(name, head_dim=D, **({"allow": True} if name == "tbq3" else {}))
     kp, _ = make_pages(codec, n, 1); vp, _ = make_pages(codec, n, 2)
     args_ = (q, kn, vn, i32([0, CHUNK]), kp, vp, i32([0, n]), torch.arange(n, dtype=torch.int32, device=DEV), i32([PREFIX]), codec)
     assert torch.isfinite(prefill(*args_, max_chunk=CHUNK)).all(), name

@@ -27,7 +27,8 @@ import argparse, os, sys, time
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--tiny", action="store_true", help="tiny shapes (runs under the Triton interpreter without a GPU)")
-parser.add_argument("--formats", default="bf16,hq-e8-2b", help="comma-separated kernel formats to check")
+parser.add_argument("--formats", default=None, help="comma-separated kernel formats to check (default: every one the kernels read; "
+                    "bf16,hq-e8-2b with --tiny)")
 args = parser.parse_args()
 
 import torch
@@ -58,14 +59,15 @@ def rel_err(o, ref): return float((o.float() - ref.float()).abs().max() / ref.fl
 def dev_window(win):
     return None if win is None else ExactWindow(*(t.to(DEV) for t in (win.k_sink, win.v_sink, win.k_recent, win.v_recent, win.lens)))
 
-formats = [f for f in args.formats.split(",") if f]
+from hqkv.kernels import KERNEL_FORMATS
+formats = [f for f in (args.formats or ("bf16,hq-e8-2b" if args.tiny else ",".join(KERNEL_FORMATS))).split(",") if f]
 missing = [f for f in formats if f not in list_codecs()]
 if missing: print(f"skipped (not registered): {missing}")
 formats = [f for f in formats if f in list_codecs()]
 t_start = time.time()
 
 for name in formats:
-    codec = get_codec(name, head_dim=D)
+    codec = get_codec(name, head_dim=D, **({"allow": True} if name == "tbq3" else {}))
 
     # %%
     # Store: codes equal the torch codec's

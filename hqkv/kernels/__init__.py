@@ -16,7 +16,8 @@ __all__ = ['KERNEL_FORMATS', 'KERNEL_HEAD_DIMS', 'TILES', 'kernel_format', 'kern
            'Tile', 'device_arch', 'tile']
 
 # %% ../../nbs/30a_kernels.ipynb #7acfe665
-KERNEL_FORMATS = {"bf16": 0, "hq-e8-2b": 1, "tbq2": 2, "tbq3": 3, "tbq4": 4, "q8_0": 5, "q4_0": 6}  # name -> FORMAT constexpr (tbq: its bits)
+# format name -> FORMAT constexpr (tbq: its bits)
+KERNEL_FORMATS = {"bf16": 0, "hq-e8-2b": 1, "tbq2": 2, "tbq3": 3, "tbq4": 4, "q8_0": 5, "q4_0": 6}
 KERNEL_HEAD_DIMS = tuple(range(64, 513, 16))  # multiples of 16: a row is one power-of-two block `tl.arange(0, D_PAD)`, masked past D
 
 def kernel_format(codec:Codec) -> int:
@@ -35,7 +36,8 @@ def kernel_formats(codec:Codec|tuple[Codec, Codec], # one codec (keys and values
     "The (key, value) `FORMAT` constexprs: pages whose keys are in another format than their values read as they lie."
     kc, vc = codec if isinstance(codec, tuple) and len(codec) == 2 else (codec, codec)
     fk, fv = kernel_format(kc), kernel_format(vc)
-    if kc.head_dim != vc.head_dim: raise ValueError(f"key codec head_dim {kc.head_dim} != value codec head_dim {vc.head_dim}")
+    if kc.head_dim != vc.head_dim:
+        raise ValueError(f"key codec head_dim {kc.head_dim} != value codec head_dim {vc.head_dim}")
     return fk, fv
 
 # %% ../../nbs/30a_kernels.ipynb #b3dc234a

@@ -29,14 +29,14 @@ def _fp16(ptr, mask):
 
 @triton.jit
 def _load_blocks(ptr, rows, n_ok, ok, offs_d, table_ptr, D, FORMAT: tl.constexpr, NS: tl.constexpr):
-    "Byte formats: NS blocks per row, each an fp16 scale then its codes (tbq2/3/4: FORMAT bits, q8_0: 5, q4_0: 6) -> fp32."
+    "Byte formats: NS blocks per row, each an fp16 scale then its codes (tbq2/3/4: FORMAT bits, q8_0: 5, q4_0: 6)."
     blk = D // NS                                              # values per block
     if FORMAT == 5: bb = 2 + blk                               # bytes per block: the scale, then the codes
     elif FORMAT == 6: bb = 2 + blk // 2
     else: bb = 2 + blk * FORMAT // 8
     b = (offs_d // blk)[None, :]
     i = offs_d[None, :] - b * blk
-    base = rows + b * bb                                       # byte offsets (int32) of the block's scale; its codes follow
+    base = rows + b * bb                                       # byte offsets (int32) of the block's scale, then codes
     if FORMAT == 5:   # ggml q8_0: int8 codes
         x = tl.load(ptr + base + 2 + i, mask=ok, other=0).to(tl.int8, bitcast=True).to(tl.float32)
     elif FORMAT == 6: # ggml q4_0: value j in the low nibble of byte j, value j + 16 in its high nibble; code - 8
@@ -62,13 +62,13 @@ def _load_rows(ptr, # page base pointer (already at the page and KV head)
     if FORMAT == 0:   # bf16 rows (the pages are viewed as bf16)
         x = tl.load(rows + offs_d[None, :], mask=n_mask[:, None] & (offs_d < D)[None, :], other=0.0)
     elif FORMAT >= 2: # tbq, q8_0, q4_0 (pages viewed as bytes)
-        x = _load_blocks(ptr, (offs_n * stride_n)[:, None], n_mask[:, None], n_mask[:, None] & (offs_d < D)[None, :], offs_d, table_ptr, D,
-                         FORMAT, NS)
+        x = _load_blocks(ptr, (offs_n * stride_n)[:, None], n_mask[:, None], n_mask[:, None] & (offs_d < D)[None, :],
+                         offs_d, table_ptr, D, FORMAT, NS)
     else:             # hq-e8-2b (pages viewed as int16): D/8 codewords, then NS bf16 scales
         offs_g = tl.arange(0, D_PAD // 8)
         ok = n_mask[:, None] & (offs_g < D // 8)[None, :]                                        # padded groups: scale 0, value 0
         code = tl.load(rows + offs_g[None, :], mask=ok, other=0).to(tl.int32) & 0xFFFF                  # [BLOCK_N, D/8]
-        s16 = tl.load(rows + D // 8 + (offs_g * NS // (D // 8))[None, :], mask=ok, other=0)              # its quarter's scale (`quarter_groups`)
+        s16 = tl.load(rows + D // 8 + (offs_g * NS // (D // 8))[None, :], mask=ok, other=0)   # `quarter_groups`
         scale = ((s16.to(tl.int32) & 0xFFFF).to(tl.uint32) << 16).to(tl.float32, bitcast=True)          # bf16 bits -> fp32
         w = tl.load(table_ptr + (code >> 8))             # the pattern: 8 x 2-bit magnitudes | parity << 16
         sb = (code >> 1) & 127                           # signs of coordinates 1..7
@@ -112,7 +112,8 @@ def _fold(s, v, m, l, acc, DOT_BF16: tl.constexpr):
 
 @triton.jit
 def _code_blocks(q_hi, q_lo, m, l, acc, j0, j1, p0, h, indices_ptr, k_ptr, v_ptr, kt_ptr, vt_ptr,
-                 stride_kp, stride_kn, stride_kh, stride_vp, stride_vn, stride_vh, PAGE, L, s_held, rec_start, offs_n, offs_d, D,
+                 stride_kp, stride_kn, stride_kh, stride_vp, stride_vn, stride_vh, PAGE, L, s_held, rec_start,
+                 offs_n, offs_d, D,
                  K_FORMAT: tl.constexpr, V_FORMAT: tl.constexpr, K_NS: tl.constexpr, V_NS: tl.constexpr,
                  D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr):
     "Blocks j0..j1 of BLOCK_N code rows (a page is PAGE // BLOCK_N blocks), positions the window holds masked out."
@@ -122,10 +123,12 @@ def _code_blocks(q_hi, q_lo, m, l, acc, j0, j1, p0, h, indices_ptr, k_ptr, v_ptr
         pos = pos0 + offs_n
         in_seq = pos < L
         rows = pos0 % PAGE + offs_n
-        k = _load_rows(k_ptr + page * stride_kp + h * stride_kh, rows, in_seq, offs_d, stride_kn, kt_ptr, D, K_FORMAT, D_PAD, K_NS, BLOCK_N)
-        s = _scores(q_hi, q_lo, k, (in_seq & (pos >= s_held) & (pos < rec_start))[None, :], DOT_BF16)   # the keys' block is dead ...
-        v = _load_rows(v_ptr + page * stride_vp + h * stride_vh, rows, in_seq, offs_d, stride_vn, vt_ptr, D, V_FORMAT, D_PAD, V_NS, BLOCK_N)
-        m, l, acc = _fold(s, v, m, l, acc, DOT_BF16)                                                     # ... before the values' is decoded
+        k = _load_rows(k_ptr + page * stride_kp + h * stride_kh, rows, in_seq, offs_d, stride_kn, kt_ptr, D,
+                       K_FORMAT, D_PAD, K_NS, BLOCK_N)
+        s = _scores(q_hi, q_lo, k, (in_seq & (pos >= s_held) & (pos < rec_start))[None, :], DOT_BF16)   # keys dead ...
+        v = _load_rows(v_ptr + page * stride_vp + h * stride_vh, rows, in_seq, offs_d, stride_vn, vt_ptr, D,
+                       V_FORMAT, D_PAD, V_NS, BLOCK_N)
+        m, l, acc = _fold(s, v, m, l, acc, DOT_BF16)                               # ... before the values are decoded
     return m, l, acc
 
 @triton.jit
@@ -194,8 +197,11 @@ def decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr,
     m = tl.full([G_PAD], float("-inf"), tl.float32)
     l = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D_PAD], tl.float32)
-    m, l, acc = _code_blocks(q_hi, q_lo, m, l, acc, j0, tl.minimum(j1, n_code), p0, h, indices_ptr, k_ptr, v_ptr, kt_ptr, vt_ptr,
-                             stride_kp, stride_kn, stride_kh, stride_vp, stride_vn, stride_vh, PAGE, L, s_held, rec_start, offs_n, offs_d, D,
+    m, l, acc = _code_blocks(q_hi, q_lo, m, l, acc, j0, tl.minimum(j1, n_code), p0, h, indices_ptr, k_ptr, v_ptr,
+                             kt_ptr, vt_ptr,
+                             stride_kp, stride_kn, stride_kh, stride_vp, stride_vn, stride_vh,
+                             PAGE, L, s_held, rec_start,
+                 offs_n, offs_d, D,
                              K_FORMAT, V_FORMAT, K_NS, V_NS, D_PAD, BLOCK_N, DOT_BF16)
     if WINDOW:
         slot = tl.load(wslot_ptr + b).to(tl.int64)
@@ -250,15 +256,18 @@ class DecodeWorkspace:
         return cls(torch.empty(batch, kv_heads, splits, group, head_dim, device=device), torch.empty(batch, kv_heads, splits, group, device=device))
 
 def _check_pages(k_pages, v_pages, codec):
-    "uint8 [num_pages, page_size, kv_heads, row_bytes] with contiguous rows, each in its codec's row bytes; K and V alike but for those."
+    "uint8 [num_pages, page_size, kv_heads, row_bytes], contiguous rows of each side's codec; K, V alike but for those."
     for n, t, c in (("k_pages", k_pages, _pair(codec)[0]), ("v_pages", v_pages, _pair(codec)[1])):
         if not isinstance(t, Tensor) or t.dtype != torch.uint8 or t.ndim != 4 or t.shape[-1] != c.row_bytes:
-            raise ValueError(f"{n} must be uint8 [num_pages, page_size, kv_heads, {c.row_bytes}] for {c.name} at head_dim {c.head_dim}, got {getattr(t, 'dtype', None)} {tuple(getattr(t, 'shape', ()))}")
+            raise ValueError(f"{n} must be uint8 [num_pages, page_size, kv_heads, {c.row_bytes}] for {c.name} at "
+                             f"head_dim {c.head_dim}, got {getattr(t, 'dtype', None)} {tuple(getattr(t, 'shape', ()))}")
         if t.stride(-1) != 1: raise ValueError(f"{n}: rows must be contiguous (stride 1 along row_bytes)")
-    if k_pages.shape[:3] != v_pages.shape[:3]: raise ValueError(f"k_pages {tuple(k_pages.shape)} and v_pages {tuple(v_pages.shape)} must have the same pages, rows and heads")
+    if k_pages.shape[:3] != v_pages.shape[:3]:
+        raise ValueError(f"k_pages {tuple(k_pages.shape)} and v_pages {tuple(v_pages.shape)} must have the same pages, "
+                         "rows and heads")
 
 def _page_view(pages, fmt):
-    "bf16 pages are read as bf16 elements, hq-e8-2b pages as int16 (codewords and bf16 scales are 16-bit), the others as bytes."
+    "bf16 pages are read as bf16 elements, hq-e8-2b pages as int16 (16-bit codewords and scales), the others as bytes."
     return pages.view(torch.bfloat16) if fmt == 0 else pages.view(torch.int16) if fmt == 1 else pages
 
 def _check_i32(name, t, n=None):
@@ -291,7 +300,7 @@ def _e8_table(codec, device):
 
 _CENTROIDS = {}
 def _table(codec, fmt, device, dummy):
-    "What `_load_rows` looks codes up in: the E8P patterns (hq-e8-2b), the block's float32 centroids (tbq: the codec's values); else `dummy`."
+    "What `_load_rows` looks codes up in: the E8P patterns (hq-e8-2b), the codec's fp32 centroids (tbq); else `dummy`."
     if fmt == 1: return _e8_table(codec, device)
     if fmt not in (2, 3, 4): return dummy
     key = (codec.centroids, device)
@@ -300,14 +309,16 @@ def _table(codec, fmt, device, dummy):
 
 def _scales_per_row(codec, fmt) -> int:
     "NS: hq-e8-2b's quarters, tbq's blocks, ggml's 32-value blocks (each block's scale leads it); 1 for bf16."
-    return codec.quarters if fmt == 1 else codec.n_blocks if fmt in (2, 3, 4) else codec.head_dim // 32 if fmt in (5, 6) else 1
+    if fmt == 1: return codec.quarters
+    return codec.n_blocks if fmt in (2, 3, 4) else codec.head_dim // 32 if fmt in (5, 6) else 1
 
 def _kv_args(codec, k_pages, v_pages, dummy):
-    "Key and value pages viewed for the kernels, their lookup tables, and the constexprs of their formats (one codec or a pair)."
+    "Key and value pages viewed for the kernels, their lookup tables and their formats' constexprs (a codec or a pair)."
     (kc, vc), (fk, fv) = _pair(codec), kernel_formats(codec)
     meta = dict(K_FORMAT=fk, V_FORMAT=fv, K_NS=_scales_per_row(kc, fk), V_NS=_scales_per_row(vc, fv))
     dev = k_pages.device
-    return _page_view(k_pages, fk), _page_view(v_pages, fv), _table(kc, fk, dev, dummy), _table(vc, fv, dev, dummy), meta
+    tables = _table(kc, fk, dev, dummy), _table(vc, fv, dev, dummy)
+    return _page_view(k_pages, fk), _page_view(v_pages, fv), *tables, meta
 
 def _block_n(block_n, page_size):
     "K/V rows per step: a power of two >= 16 that divides the page (capped at the page size)."
@@ -335,7 +346,7 @@ def decode(q:Tensor, # float [B, Hq, D], original domain; Hq a multiple of kv_he
            block_n:int|None=None, # K/V rows per step (default: `hqkv.kernels.tile`'s for this head size and GPU; divides the page size)
           ) -> Tensor|tuple[Tensor, Tensor]: # o [B, Hq, D] in q's dtype (and lse float32 [B, Hq])
     "Paged decode attention over coded pages in Triton (same contract as `hqkv.attention.paged_decode`)."
-    kernel_formats(codec)                                          # a format the kernels do not read: ValueError naming those they do
+    kernel_formats(codec)                    # a format the kernels do not read: ValueError naming those they do
     (kc, vc), _ = _pair(codec), _check_pages(k_pages, v_pages, codec)
     _, PAGE, Hkv, _ = k_pages.shape
     D = kc.head_dim
@@ -366,10 +377,11 @@ def decode(q:Tensor, # float [B, Hq, D], original domain; Hq a multiple of kv_he
         qr, kp, vp, indptr, indices, last_page_len, *wt, kt, vt, po, pl,
         qr.stride(0), qr.stride(1), *kp.stride()[:3], *vp.stride()[:3], *wst,
         po.stride(0), po.stride(1), po.stride(2), po.stride(3), pl.stride(0), pl.stride(1), pl.stride(2),
-        S, R, splits, G, PAGE, D, G_PAD=max(16, triton.next_power_of_2(G)), D_PAD=triton.next_power_of_2(D), BLOCK_N=block_n, **meta,
+        S, R, splits, G, PAGE, D, G_PAD=max(16, triton.next_power_of_2(G)), D_PAD=triton.next_power_of_2(D),
+        BLOCK_N=block_n, **meta,
         WINDOW=has_w, DOT_BF16=not interpreting(), num_warps=t.num_warps, num_stages=t.num_stages)
     decode_merge_kernel[(B, Hq)](
         po, pl, o_rot, lse, po.stride(0), po.stride(1), po.stride(2), po.stride(3), pl.stride(0), pl.stride(1), pl.stride(2),
         o_rot.stride(0), o_rot.stride(1), lse.stride(0), splits, G, D, D_PAD=triton.next_power_of_2(D), SPLITS_PAD=max(2, triton.next_power_of_2(splits)))
-    o = vc.unrotate(o_rot).to(q.dtype)                              # rotate the output back once, from the values' domain
+    o = vc.unrotate(o_rot).to(q.dtype)                 # rotate the output back once, from the values' domain
     return (o, lse) if return_lse else o

@@ -14,7 +14,8 @@ from torch import Tensor
 from ..codec import Codec
 from ..attention import ExactWindow, _pair
 from . import kernel_formats, check_device, interpreting, tile
-from .decode import _load_rows, _attend, _scores, _fold, _code_blocks, _window_blocks, _block_n, _check_pages, _page_view, _check_i32, _window_args, _kv_args
+from .decode import (_load_rows, _attend, _scores, _fold, _code_blocks, _window_blocks, _block_n,
+                                 _check_pages, _page_view, _check_i32, _window_args, _kv_args)
 
 # %% auto #0
 __all__ = ['prefill_kernel', 'prefill']
@@ -60,7 +61,8 @@ def prefill_kernel(q_ptr, kn_ptr, vn_ptr, qo_ptr, k_ptr, v_ptr, indptr_ptr, indi
             s_held = 0; rec_start = P
         n_code = tl.cdiv(tl.minimum(rec_start, P), BLOCK_N)   # P < SINKS: no code page is read (the table may hold none)
         m, l, acc = _code_blocks(q_hi, q_lo, m, l, acc, 0, n_code, p0, h, indices_ptr, k_ptr, v_ptr, kt_ptr, vt_ptr,
-                                 stride_kp, stride_kn, stride_kh, stride_vp, stride_vn, stride_vh, PAGE, P, s_held, rec_start,
+                                 stride_kp, stride_kn, stride_kh, stride_vp, stride_vn, stride_vh,
+                                 PAGE, P, s_held, rec_start,
                                  offs_n, offs_d, D, K_FORMAT, V_FORMAT, K_NS, V_NS, D_PAD, BLOCK_N, DOT_BF16)
         # 2. the window's exact rows of the prefix
         if WINDOW:
@@ -77,7 +79,7 @@ def prefill_kernel(q_ptr, kn_ptr, vn_ptr, qo_ptr, k_ptr, v_ptr, indptr_ptr, indi
             ptrs = (q0 + kpos)[:, None].to(tl.int64) * stride_nt + h * stride_nh + offs_d[None, :]
             k = tl.load(kn_ptr + ptrs, mask=k_ok[:, None] & d_ok[None, :], other=0.0)
             s = _scores(q_hi, q_lo, k, k_ok[None, :] & (kpos[None, :] <= qi[:, None]), DOT_BF16)
-            v = tl.load(vn_ptr + ptrs, mask=k_ok[:, None] & d_ok[None, :], other=0.0)   # (after the scores: one FP32 tile live)
+            v = tl.load(vn_ptr + ptrs, mask=k_ok[:, None] & d_ok[None, :], other=0.0)   # after the scores
             m, l, acc = _fold(s, v, m, l, acc, DOT_BF16)
         o = acc / l[:, None]          # every row sees at least its own key
         tl.store(o_ptr + (q0 + qi)[:, None].to(tl.int64) * stride_ot + qh[:, None] * stride_oh + offs_d[None, :], o, mask=r_ok[:, None] & d_ok[None, :])
@@ -98,7 +100,7 @@ def prefill(q:Tensor, # float [T, Hq, D]: the chunks' queries (original domain)
             return_lse:bool=False,
            ) -> Tensor|tuple[Tensor, Tensor]: # o [T, Hq, D] in q's dtype (and lse float32 [T, Hq])
     "Chunked-prefill attention over coded prefix pages + the chunk's exact K/V, causal, in Triton."
-    kernel_formats(codec)                                          # a format the kernels do not read: ValueError naming those they do
+    kernel_formats(codec)                    # a format the kernels do not read: ValueError naming those they do
     (kc, vc), _ = _pair(codec), _check_pages(k_pages, v_pages, codec)
     _, PAGE, Hkv, _ = k_pages.shape
     D = kc.head_dim
@@ -128,7 +130,8 @@ def prefill(q:Tensor, # float [T, Hq, D]: the chunks' queries (original domain)
         qr, kr, vr, qo_indptr, kp, vp, indptr, indices, prefix_lens, *wt, kt, vt, o_rot, lse,
         qr.stride(0), qr.stride(1), kr.stride(0), kr.stride(1), *kp.stride()[:3], *vp.stride()[:3], *wst,
         o_rot.stride(0), o_rot.stride(1), lse.stride(0),
-        S, R, G, PAGE, D, BLOCK_M=block_m, BLOCK_N=block_n, D_PAD=triton.next_power_of_2(D), **meta, WINDOW=has_w, DOT_BF16=not interpreting(),
+        S, R, G, PAGE, D, BLOCK_M=block_m, BLOCK_N=block_n, D_PAD=triton.next_power_of_2(D), **meta, WINDOW=has_w,
+        DOT_BF16=not interpreting(),
         num_warps=t.num_warps, num_stages=t.num_stages)
     o = vc.unrotate(o_rot).to(q.dtype)
     return (o, lse) if return_lse else o

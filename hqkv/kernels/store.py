@@ -92,7 +92,7 @@ def store(k:Tensor, v:Tensor, # float [T, kv_heads, D]: new rows, original domai
           check:bool=True, # verify every slot is inside the pool (a device sync)
           block_t:int=16):
     "Encode new K/V rows and write them into their page rows (in place)."
-    kernel_formats(codec)                                          # a format the kernels do not read: ValueError naming those they do
+    kernel_formats(codec)                    # a format the kernels do not read: ValueError naming those they do
     (kc, vc), _ = _pair(codec), _check_pages(k_pages, v_pages, codec)
     N, PAGE, Hkv, _ = k_pages.shape
     D = kc.head_dim
@@ -113,7 +113,7 @@ def store(k:Tensor, v:Tensor, # float [T, kv_heads, D]: new rows, original domai
     for x, pages, c in ((k, k_pages, kc), (v, v_pages, vc)): _store_rows(x, pages, slot_mapping, c, block_t)
 
 def _store_rows(x, pages, slot_mapping, codec, block_t):
-    "Code rows x [T, kv_heads, D] into `pages` at `slot_mapping`: bf16 and hq-e8-2b in the store kernel, the others by the codec."
+    "Code rows x [T, kv_heads, D] into `pages` at `slot_mapping`: bf16, hq-e8-2b by the kernel, others by the codec."
     fmt, (T, Hkv, D), PAGE = kernel_format(codec), x.shape, pages.shape[1]
     pid, row = slot_mapping // PAGE, slot_mapping % PAGE
     if fmt == 0:
@@ -124,7 +124,7 @@ def _store_rows(x, pages, slot_mapping, codec, block_t):
     elif fmt == 1:
         from hqkv.codec.e8 import E8P_ABS, E8P_PARITY, e8p_decode
         abs_t, par_t = E8P_ABS.to(x.device).contiguous(), E8P_PARITY.to(device=x.device, dtype=torch.int32)
-        t = tile("store", D, x.device)                              # BLOCK_T rows per program, PB patterns scored per step
+        t = tile("store", D, x.device)                  # BLOCK_T rows per program, PB patterns scored per step
         z, unit = _e8_prepare(codec, x)                             # rotate + normalise: the codec's arithmetic
         store_kernel[(triton.cdiv(T, t.block_n), Hkv)](
             z, pages, slot_mapping, abs_t, par_t, T, z.stride(0), z.stride(1), pages.stride(0), pages.stride(1), pages.stride(2), D,
@@ -132,7 +132,7 @@ def _store_rows(x, pages, slot_mapping, codec, block_t):
         b = pages[pid, row][..., : D // 4].to(torch.int64)          # the codewords just written, [T, Hkv, D/4]
         c = e8p_decode(b[..., 0::2] | (b[..., 1::2] << 8)).reshape(T * Hkv, D)
         pages[pid, row, :, D // 4:] = _e8_scales(codec, z, c, unit).reshape(T, Hkv, -1)
-    else: pages[pid, row] = codec.encode(x)                         # tbq, q8_0, q4_0: the codec's own torch code, on the pages' device
+    else: pages[pid, row] = codec.encode(x)             # tbq, q8_0, q4_0: the codec's torch code, on the pages' device
 
 def _e8_prepare(codec, x):
     "Rotated rows normalised per quarter, z [T, kv_heads, D], and the quarters' units [T*kv_heads, Q]: `HQE8._encode`'s first steps, op for op."
