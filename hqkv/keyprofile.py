@@ -197,8 +197,10 @@ def find_profile(identity:ModelIdentity) -> KeyProfile|None:
     for p in sorted((cache_dir() / "profiles").glob(f"*-{identity.weights_sha256[:12]}-{identity.config_sha256[:8]}.pt")):
         prof = KeyProfile.load(p)
         if prof.model.kind == identity.kind: return prof
-    if identity.kind == "hqkv" and identity.name in PROFILE_FILES: return default_profile(identity.name)
-    return None
+    if identity.name not in PROFILE_FILES: return None
+    shipped = default_profile(identity.name)          # the bundled model by name; another by its config and weights
+    same = all(getattr(shipped.model, f) == getattr(identity, f) for f in ("kind", "config_sha256", "weights_sha256"))
+    return shipped if same or shipped.model.kind == identity.kind == "hqkv" else None
 
 # %% ../nbs/14b_keyprofile.ipynb #03c984be
 _WARNED = set()
