@@ -27,16 +27,23 @@ def load_text(name:str="kjv")->str: # "kjv" or "pydoc"
     if name not in TEXTS: raise ValueError(f"unknown text {name!r}; available: {sorted(TEXTS)}")
     return (DATA_DIR / TEXTS[name]).read_text(encoding="utf-8")
 
-_KJV_BOOKS = {"Ge": "Genesis", "Exo": "Exodus", "Lev": "Leviticus", "Num": "Numbers", "Deu": "Deuteronomy", "Josh": "Joshua",
-    "Jdgs": "Judges", "Ruth": "Ruth", "1Sm": "1 Samuel", "2Sm": "2 Samuel", "1Ki": "1 Kings", "2Ki": "2 Kings", "1Chr": "1 Chronicles",
-    "2Chr": "2 Chronicles", "Ezra": "Ezra", "Neh": "Nehemiah", "Est": "Esther", "Job": "Job", "Psa": "Psalms", "Prv": "Proverbs",
-    "Eccl": "Ecclesiastes", "SSol": "Song of Solomon", "Isa": "Isaiah", "Jer": "Jeremiah", "Lam": "Lamentations", "Eze": "Ezekiel",
-    "Dan": "Daniel", "Hos": "Hosea", "Joel": "Joel", "Amos": "Amos", "Obad": "Obadiah", "Jonah": "Jonah", "Mic": "Micah",
+_KJV_BOOKS = {"Ge": "Genesis", "Exo": "Exodus", "Lev": "Leviticus", "Num": "Numbers", "Deu": "Deuteronomy",
+              "Josh": "Joshua",
+    "Jdgs": "Judges", "Ruth": "Ruth", "1Sm": "1 Samuel", "2Sm": "2 Samuel", "1Ki": "1 Kings", "2Ki": "2 Kings",
+              "1Chr": "1 Chronicles",
+    "2Chr": "2 Chronicles", "Ezra": "Ezra", "Neh": "Nehemiah", "Est": "Esther", "Job": "Job", "Psa": "Psalms",
+              "Prv": "Proverbs",
+    "Eccl": "Ecclesiastes", "SSol": "Song of Solomon", "Isa": "Isaiah", "Jer": "Jeremiah", "Lam": "Lamentations",
+              "Eze": "Ezekiel",
+    "Dan": "Daniel", "Hos": "Hosea", "Joel": "Joel", "Amos": "Amos", "Obad": "Obadiah", "Jonah": "Jonah",
+              "Mic": "Micah",
     "Nahum": "Nahum", "Hab": "Habakkuk", "Zep": "Zephaniah", "Hag": "Haggai", "Zec": "Zechariah", "Mal": "Malachi",
-    "Mat": "Matthew", "Mark": "Mark", "Luke": "Luke", "John": "John", "Acts": "Acts", "Rom": "Romans", "1Cor": "1 Corinthians",
+    "Mat": "Matthew", "Mark": "Mark", "Luke": "Luke", "John": "John", "Acts": "Acts", "Rom": "Romans",
+              "1Cor": "1 Corinthians",
     "2Cor": "2 Corinthians", "Gal": "Galatians", "Eph": "Ephesians", "Phi": "Philippians", "Col": "Colossians",
     "1Th": "1 Thessalonians", "2Th": "2 Thessalonians", "1Tim": "1 Timothy", "2Tim": "2 Timothy", "Titus": "Titus",
-    "Phmn": "Philemon", "Heb": "Hebrews", "Jas": "James", "1Pet": "1 Peter", "2Pet": "2 Peter", "1Jn": "1 John", "2Jn": "2 John",
+    "Phmn": "Philemon", "Heb": "Hebrews", "Jas": "James", "1Pet": "1 Peter", "2Pet": "2 Peter", "1Jn": "1 John",
+              "2Jn": "2 John",
     "3Jn": "3 John", "Jude": "Jude", "Rev": "Revelation"}   # `bible -f` book abbreviations
 
 def kjv_from_bible(raw:str, # output of `bible -f RANGE`: one 'Ge1:1 text' line per verse, any books
@@ -46,7 +53,8 @@ def kjv_from_bible(raw:str, # output of `bible -f RANGE`: one 'Ge1:1 text' line 
     out, chap = [], None
     for line in raw.splitlines():
         m = re.match(r"^([1-3]?[A-Za-z]+)(\d+):(\d+) (.*)$", line)
-        if m is None or m.group(1) not in _KJV_BOOKS: raise ValueError(f"unexpected line from `bible -f`: {line[:60]!r}")
+        if m is None or m.group(1) not in _KJV_BOOKS:
+            raise ValueError(f"unexpected line from `bible -f`: {line[:60]!r}")
         b, ch, v, t = m.groups()
         if (b, ch) != chap: out += ([""] if chap else []) + [f"{_KJV_BOOKS[b]} {ch}", ""]; chap = (b, ch)
         out.append(f"{v} {t}")
@@ -59,11 +67,13 @@ class CaptureKV:
                  inner=None): # the `GlobalKV` doing the attention (default: float32 `DenseKV`)
         from hqkv.models.gemma3 import DenseKV
         self.inner = DenseKV(torch.float32) if inner is None else inner
-        self.layers, self.q, self.k, self.v = tuple(layers), {l: [] for l in layers}, {l: [] for l in layers}, {l: [] for l in layers}
+        self.layers = tuple(layers)
+        self.q, self.k, self.v = {l: [] for l in layers}, {l: [] for l in layers}, {l: [] for l in layers}
     def attend(self, layer, q, k, v, pos, scale):
         "Record the chunk's q, k, v (float32 copies), then attend through `inner`."
         if layer in self.q:
-            self.q[layer].append(q.float().clone()); self.k[layer].append(k.float().clone()); self.v[layer].append(v.float().clone())
+            self.q[layer].append(q.float().clone())
+            self.k[layer].append(k.float().clone()); self.v[layer].append(v.float().clone())
         return self.inner.attend(layer, q, k, v, pos, scale)
 
 @dataclass(slots=True)
@@ -102,7 +112,8 @@ def capture_kv(model, # a `hqkv.models.gemma3.Gemma3`
     layers = tuple(layers)
     bad = [l for l in layers if not (isinstance(l, int) and 0 <= l < model.cfg.num_layers and model.cfg.is_global(l))]
     if bad or not layers:
-        raise ValueError(f"capture_kv records global layers only; {bad or 'no layers'} given, this model's are {model.cfg.global_layers}")
+        raise ValueError(f"capture_kv records global layers only; {bad or 'no layers'} given, this model's are "
+                         f"{model.cfg.global_layers}")
     if not isinstance(chunk, int) or chunk < 1: raise ValueError(f"chunk must be a positive int, got {chunk!r}")
     ids = torch.as_tensor(token_ids).reshape(-1)
     if ids.numel() == 0: raise ValueError("capture_kv needs at least one token")
@@ -110,7 +121,8 @@ def capture_kv(model, # a `hqkv.models.gemma3.Gemma3`
     st = model.new_state(kv=cap, ring_dtype=torch.float32)
     for a in range(0, len(ids), chunk): model.forward([st], [ids[a:a + chunk]], logits="none")
     cat = lambda d: torch.stack([torch.cat(d[l]) for l in layers])
-    return KVSample(cat(cap.q), cat(cap.k), cat(cap.v), torch.arange(len(ids)), ids.to(torch.int64), layers, model.cfg.scale)
+    return KVSample(cat(cap.q), cat(cap.k), cat(cap.v), torch.arange(len(ids)), ids.to(torch.int64), layers,
+                    model.cfg.scale)
 
 # %% ../nbs/05_fixtures.ipynb #a374f27f
 def make_fixture(path:str|Path=FIXTURE_PATH, # where to write the .pt file
@@ -121,8 +133,10 @@ def make_fixture(path:str|Path=FIXTURE_PATH, # where to write the .pt file
                 )->Path:
     "Capture q, k, v of Gemma 3 270M's global layers on a shipped text and save them as a fixture."
     from hqkv.models.gemma3 import load_gemma3, gguf_path
-    if not isinstance(n_tokens, int) or n_tokens < 1: raise ValueError(f"n_tokens must be a positive int, got {n_tokens!r}")
-    if not isinstance(q_stride, int) or not 1 <= q_stride <= n_tokens: raise ValueError(f"q_stride must be an int in [1, n_tokens], got {q_stride!r}")
+    if not isinstance(n_tokens, int) or n_tokens < 1:
+        raise ValueError(f"n_tokens must be a positive int, got {n_tokens!r}")
+    if not isinstance(q_stride, int) or not 1 <= q_stride <= n_tokens:
+        raise ValueError(f"q_stride must be an int in [1, n_tokens], got {q_stride!r}")
     model = load_gemma3(torch.float32)
     ids = model.tokenizer.encode(load_text(text))
     if len(ids) < n_tokens: raise ValueError(f"text {text!r} has only {len(ids)} tokens, {n_tokens} asked")
@@ -130,7 +144,8 @@ def make_fixture(path:str|Path=FIXTURE_PATH, # where to write the .pt file
     keep = torch.arange(q_stride - 1, n_tokens, q_stride)
     big = max(t.abs().max().item() for t in (s.q, s.k, s.v))
     if big >= torch.finfo(dtype).max / 4: raise ValueError(f"|q, k, v| reaches {big:.3g}: too close to {dtype}'s range")
-    blob = dict(q=s.q[:, keep].to(dtype).contiguous(), k=s.k.to(dtype), v=s.v.to(dtype), q_pos=keep, token_ids=s.token_ids,
+    blob = dict(q=s.q[:, keep].to(dtype).contiguous(), k=s.k.to(dtype), v=s.v.to(dtype), q_pos=keep,
+                token_ids=s.token_ids,
                 layers=list(s.layers), scale=s.scale, text=text,
                 gguf_sha256=hashlib.sha256(gguf_path().read_bytes()).hexdigest(), format=1)
     path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
@@ -142,10 +157,12 @@ def load_fixture(path:str|Path=FIXTURE_PATH, # a file written by `make_fixture`
                 )->KVSample:
     "The committed real-K/V fixture (Gemma 3 270M, layers 5/11/17, KJV Genesis, 2,048 tokens)."
     path = Path(path)
-    if not path.is_file(): raise FileNotFoundError(f"no fixture at {path}; regenerate it with `python -m hqkv.fixtures`")
+    if not path.is_file():
+        raise FileNotFoundError(f"no fixture at {path}; regenerate it with `python -m hqkv.fixtures`")
     b = torch.load(path, map_location="cpu", weights_only=True)
     if b.get("format") != 1: raise ValueError(f"{path}: unknown fixture format {b.get('format')!r}")
-    return KVSample(b["q"].to(dtype), b["k"].to(dtype), b["v"].to(dtype), b["q_pos"], b["token_ids"], tuple(b["layers"]), b["scale"])
+    return KVSample(b["q"].to(dtype), b["k"].to(dtype), b["v"].to(dtype), b["q_pos"], b["token_ids"],
+                    tuple(b["layers"]), b["scale"])
 
 def main(argv=None):
     "Command line: `python -m hqkv.fixtures [--text kjv] [--tokens 2048] [--q-stride 8] [--out PATH]`."

@@ -51,12 +51,14 @@ def dct_matrix(m:int)->Tensor: # float32 [m, m], orthonormal
 
 # %% ../nbs/01_rotation.ipynb #4cd120b2
 class RandomHadamard:
-    "Seeded randomized Hadamard rotation x -> (H ⊗ C)·diag(s)·x along the last dimension (C = [1] when dim is a power of two)."
+    "Seeded randomized Hadamard rotation x -> (H ⊗ C)·diag(s)·x along the last dimension (C = [1] for a power of two)."
     def __init__(self,
                  dim:int, # head dimension: 2**a * m, m odd (64, 80, 96, 128, 192, 256, ...)
                  seed:int=0): # seed of the ±1 sign vector
-        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1: raise ValueError(f"RandomHadamard dim must be a positive int, got {dim!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0: raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+            raise ValueError(f"RandomHadamard dim must be a positive int, got {dim!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
         self.dim, self.seed = dim, seed
         self.pow2, self.odd = _split_dim(dim)
         g = torch.Generator(device="cpu").manual_seed(seed)
@@ -80,7 +82,8 @@ class RandomHadamard:
     def forward(self, x:Tensor, # float [..., dim]
                )->Tensor: # rotated, same shape/dtype/device
         "Rotate: (H ⊗ C)·diag(s)·x (float32 arithmetic)."
-        if not isinstance(x, Tensor) or not x.is_floating_point(): raise TypeError("RandomHadamard expects a floating-point tensor")
+        if not isinstance(x, Tensor) or not x.is_floating_point():
+            raise TypeError("RandomHadamard expects a floating-point tensor")
         s, q = self._consts(x)
         y = x.to(torch.float32) * s
         if q is None: return fwht(y).to(x.dtype)
@@ -90,7 +93,8 @@ class RandomHadamard:
     def inverse(self, y:Tensor, # float [..., dim], rotated
                )->Tensor: # un-rotated, same shape/dtype/device
         "Undo `forward`: diag(s)·(H ⊗ C.T)·y."
-        if not isinstance(y, Tensor) or not y.is_floating_point(): raise TypeError("RandomHadamard expects a floating-point tensor")
+        if not isinstance(y, Tensor) or not y.is_floating_point():
+            raise TypeError("RandomHadamard expects a floating-point tensor")
         s, q = self._consts(y)
         if q is None: return (fwht(y.to(torch.float32)) * s).to(y.dtype)
         t = self._hadamard_groups(y.to(torch.float32))

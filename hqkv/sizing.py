@@ -50,24 +50,32 @@ class Geometry:
     linear_state_bytes: int = 0 # that state for one layer and one sequence, in bytes
     attn_layer_ids: tuple = ()  # indices of the attention layers, when known
     note: str = ""              # where the numbers come from, and what the preset leaves out
-    ring_value_bytes: int = WINDOW_BYTES_PER_VALUE  # bytes per ring value: the model's dtype (bf16 for the seed's models)
+    # bytes per ring value: the model's dtype (bf16 for the seed's models)
+    ring_value_bytes: int = WINDOW_BYTES_PER_VALUE
 
     def __post_init__(self):
-        if not isinstance(self.name, str) or not self.name: raise ValueError(f"Geometry.name must be a non-empty str, got {self.name!r}")
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"Geometry.name must be a non-empty str, got {self.name!r}")
         for f in ("layers", "attn_layers", "kv_heads", "head_dim"): _check_int(f"{self.name}: {f}", getattr(self, f), 1)
-        for f in ("window_layers", "window", "linear_layers", "linear_state_bytes", "ring_value_bytes"): _check_int(f"{self.name}: {f}", getattr(self, f), 0)
+        for f in ("window_layers", "window", "linear_layers", "linear_state_bytes", "ring_value_bytes"):
+            _check_int(f"{self.name}: {f}", getattr(self, f), 0)
         kinds = self.attn_layers + self.window_layers + self.linear_layers
         if kinds != self.layers:
-            raise ValueError(f"{self.name}: attn_layers + window_layers + linear_layers = {kinds}, but layers = {self.layers}; every layer is exactly one kind")
+            raise ValueError(f"{self.name}: attn_layers + window_layers + linear_layers = {kinds}, but layers = "
+                             f"{self.layers}; every layer is exactly one kind")
         if (self.window_layers > 0) != (self.window > 0):
-            raise ValueError(f"{self.name}: window_layers={self.window_layers} and window={self.window} must both be 0 or both be positive")
+            raise ValueError(f"{self.name}: window_layers={self.window_layers} and window={self.window} must both be 0 "
+                             "or both be positive")
         if (self.linear_layers > 0) != (self.linear_state_bytes > 0):
-            raise ValueError(f"{self.name}: linear_layers={self.linear_layers} and linear_state_bytes={self.linear_state_bytes} must both be 0 or both be positive")
+            raise ValueError(f"{self.name}: linear_layers={self.linear_layers} and "
+                             f"linear_state_bytes={self.linear_state_bytes} must both be 0 or both be positive")
         ids = self.attn_layer_ids
-        if not isinstance(ids, tuple): raise TypeError(f"{self.name}: attn_layer_ids must be a tuple, got {type(ids).__name__}")
+        if not isinstance(ids, tuple):
+            raise TypeError(f"{self.name}: attn_layer_ids must be a tuple, got {type(ids).__name__}")
         if ids and (any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.layers for i in ids)
                     or len(ids) != self.attn_layers or list(ids) != sorted(set(ids))):
-            raise ValueError(f"{self.name}: attn_layer_ids must be {self.attn_layers} distinct increasing layer indices in [0, {self.layers}), got {ids}")
+            raise ValueError(f"{self.name}: attn_layer_ids must be {self.attn_layers} distinct increasing layer "
+                             f"indices in [0, {self.layers}), got {ids}")
 
     @property
     def attn_ids(self) -> tuple:
@@ -88,7 +96,8 @@ class Geometry:
 
     def describe(self) -> str:
         "One line: the layer mix and the per-sequence state."
-        s = f"{self.name}: {self.layers} layers = {self.attn_layers} attention ({self.kv_heads} KV head{'s' * (self.kv_heads > 1)} x {self.head_dim})"
+        heads = f"{self.kv_heads} KV head{'s' * (self.kv_heads > 1)}"
+        s = f"{self.name}: {self.layers} layers = {self.attn_layers} attention ({heads} x {self.head_dim})"
         if self.window_layers: s += f" + {self.window_layers} sliding-window ({self.window} tokens)"
         if self.linear_layers: s += f" + {self.linear_layers} linear-attention"
         if self.state_bytes: s += f"; fixed state {fmt_bytes(self.state_bytes)} per sequence"
@@ -102,32 +111,42 @@ def gdn_state_bytes(v_heads:int,         # linear_num_value_heads
                     conv_kernel:int,     # linear_conv_kernel_dim
                     state_bytes:int=4,   # bytes per recurrent-state value (float32)
                     conv_bytes:int=2,    # bytes per conv-state value (bf16)
-                    conv_tokens:int|None=None, # conv tail kept per sequence (default conv_kernel - 1; transformers keeps conv_kernel)
+                    # conv tail kept per sequence (default conv_kernel - 1; transformers keeps conv_kernel)
+                    conv_tokens:int|None=None,
                    ) -> int:
     "Fixed per-sequence state of one Gated DeltaNet layer: recurrent matrices plus the causal-conv tail."
     recurrent = v_heads * k_head_dim * v_head_dim * state_bytes
-    conv = (conv_kernel - 1 if conv_tokens is None else conv_tokens) * (2 * k_heads * k_head_dim + v_heads * v_head_dim) * conv_bytes
+    conv = ((conv_kernel - 1 if conv_tokens is None else conv_tokens)
+            * (2 * k_heads * k_head_dim + v_heads * v_head_dim) * conv_bytes)
     return recurrent + conv
 
 # %% ../nbs/00_sizing.ipynb #f846eb7b
 def _qwen35_27b():
     ids = tuple(range(3, 64, 4))  # full_attention_interval 4: layers 3, 7, ..., 63
     return Geometry("qwen3.5-27b", layers=64, attn_layers=16, kv_heads=4, head_dim=256, linear_layers=48,
-                    linear_state_bytes=gdn_state_bytes(v_heads=48, k_heads=16, k_head_dim=128, v_head_dim=128, conv_kernel=4),
-                    attn_layer_ids=ids, note="Qwen/Qwen3.5-27B config.json: 64 layers, full_attention_interval 4, 4 KV heads x 256; "
+                    linear_state_bytes=gdn_state_bytes(v_heads=48, k_heads=16, k_head_dim=128, v_head_dim=128,
+                                                       conv_kernel=4),
+                    attn_layer_ids=ids,
+                    note="Qwen/Qwen3.5-27B config.json: 64 layers, full_attention_interval 4, 4 KV heads x 256; "
                     "48 Gated DeltaNet layers (48 v / 16 k heads x 128, conv 4, fp32 state)")
 
 GEOMETRIES: dict[str, Geometry] = {g.name: g for g in (
     _qwen35_27b(),
-    Geometry("llama-3.1-8b", layers=32, attn_layers=32, kv_heads=8, head_dim=128, note="meta-llama/Llama-3.1-8B config.json"),
+    Geometry("llama-3.1-8b", layers=32, attn_layers=32, kv_heads=8, head_dim=128,
+             note="meta-llama/Llama-3.1-8B config.json"),
     Geometry("qwen3-8b", layers=36, attn_layers=36, kv_heads=8, head_dim=128, note="Qwen/Qwen3-8B config.json"),
     Geometry("mistral-7b-v0.1", layers=32, attn_layers=32, kv_heads=8, head_dim=128,
-             note="mistralai/Mistral-7B-v0.1 config.json; its sliding_window 4096 is ignored, as in seed 003: every layer counts as caching every token"),
+             note="mistralai/Mistral-7B-v0.1 config.json; its sliding_window 4096 is ignored, as in seed 003: every "
+                  "layer counts as caching every token"),
     Geometry("gpt-oss-20b", layers=24, attn_layers=24, kv_heads=8, head_dim=64,
-             note="openai/gpt-oss-20b config.json; half its layers use a 128-token sliding window, ignored as in seed 003: all 24 count as caching"),
-    Geometry("llama-2-7b", layers=32, attn_layers=32, kv_heads=32, head_dim=128, note="meta-llama/Llama-2-7b-hf config.json (no GQA)"),
-    Geometry("gemma-3-270m", layers=18, attn_layers=3, kv_heads=1, head_dim=256, window_layers=15, window=512, attn_layer_ids=(5, 11, 17),
-             note="google/gemma-3-270m config.json: global attention every 6th layer, 512-token sliding window elsewhere"),
+             note="openai/gpt-oss-20b config.json; half its layers use a 128-token sliding window, ignored as in seed "
+                  "003: all 24 count as caching"),
+    Geometry("llama-2-7b", layers=32, attn_layers=32, kv_heads=32, head_dim=128,
+             note="meta-llama/Llama-2-7b-hf config.json (no GQA)"),
+    Geometry("gemma-3-270m", layers=18, attn_layers=3, kv_heads=1, head_dim=256, window_layers=15, window=512,
+             attn_layer_ids=(5, 11, 17),
+             note="google/gemma-3-270m config.json: global attention every 6th layer, 512-token sliding "
+                  "window elsewhere"),
 )}
 
 def get_geometry(name:str) -> Geometry:
@@ -149,7 +168,8 @@ class Rate:
         _check_int("Rate.nbytes", self.nbytes, 1); _check_int("Rate.values", self.values, 1)
     def row_bytes_for(self, head_dim:int) -> int:
         "Bytes of one head vector; the head dim must be a whole number of blocks."
-        if head_dim % self.values: raise ValueError(f"{self}: head_dim {head_dim} is not a multiple of the {self.values}-value block")
+        if head_dim % self.values:
+            raise ValueError(f"{self}: head_dim {head_dim} is not a multiple of the {self.values}-value block")
         return head_dim // self.values * self.nbytes
     @property
     def bits_per_value(self) -> float: return self.nbytes * 8 / self.values
@@ -167,7 +187,8 @@ def row_bytes(fmt,          # a registered format name ("hq-e8-2b") or a `Rate`
     if isinstance(fmt, Rate): return fmt.row_bytes_for(head_dim)
     if not isinstance(fmt, str): raise TypeError(f"a KV format is a name or a Rate, got {type(fmt).__name__}")
     cls = codec_class(fmt)  # unknown name -> ValueError listing the supported ones
-    return cls.row_bytes_for(cls.check_head_dim(head_dim))   # a size the format does not read: ValueError naming the ones it does
+    # a size the format does not read: ValueError naming the ones it does
+    return cls.row_bytes_for(cls.check_head_dim(head_dim))
 
 def kv_formats(head_dim:int|None=None) -> list[str]:
     "Registered formats (those supporting `head_dim` when given), largest rows first."
@@ -179,7 +200,7 @@ def kv_formats(head_dim:int|None=None) -> list[str]:
 _KEY_FORMATS_FORM = "'LAYER=FORMAT[,LAYER=FORMAT...]' with model layer ids, e.g. '5=tbq3,11=tbq3'"
 
 def key_format_items(spec) -> list:
-    "The (layer, format) pairs of a {layer: format} dict, pairs, or a 'LAYER=FORMAT,...' string, read but not checked against a model."
+    "The (layer, format) pairs of a {layer: format} dict, pairs, or a 'LAYER=FORMAT,...' string (not checked)."
     if spec is None or (isinstance(spec, (str, dict, tuple, list)) and not spec): return []
     if isinstance(spec, str):
         items = []
@@ -189,8 +210,10 @@ def key_format_items(spec) -> list:
             items.append((int(m.group(1)), m.group(2)))
         return items
     if isinstance(spec, dict): return list(spec.items())
-    if isinstance(spec, (tuple, list)) and all(isinstance(x, (tuple, list)) and len(x) == 2 for x in spec): return [tuple(x) for x in spec]
-    raise TypeError(f"key formats must be a dict {{layer: format}}, pairs or a string {_KEY_FORMATS_FORM}; got {spec!r}")
+    if isinstance(spec, (tuple, list)) and all(isinstance(x, (tuple, list)) and len(x) == 2 for x in spec):
+        return [tuple(x) for x in spec]
+    raise TypeError(f"key formats must be a dict {{layer: format}}, pairs or a string "
+                    f"{_KEY_FORMATS_FORM}; got {spec!r}")
 
 def parse_key_formats(spec,             # {layer: format}, 'LAYER=FORMAT,...', pairs, or None/'' for none
                       layer_ids:tuple,  # model layer ids that may carry a key format (the attention layers)
@@ -203,8 +226,10 @@ def parse_key_formats(spec,             # {layer: format}, 'LAYER=FORMAT,...', p
     ids, out = tuple(layer_ids), {}
     for layer, fmt in key_format_items(spec):
         if isinstance(layer, bool) or not isinstance(layer, int) or layer not in ids:
-            raise ValueError(f"{what} format for layer {layer!r}: {owner}'s attention layers (model layer ids) are {list(ids)}")
-        if not isinstance(fmt, str): raise TypeError(f"{what} format of layer {layer} must be a format name, got {fmt!r}")
+            raise ValueError(f"{what} format for layer {layer!r}: {owner}'s attention layers (model layer "
+                             f"ids) are {list(ids)}")
+        if not isinstance(fmt, str):
+            raise TypeError(f"{what} format of layer {layer} must be a format name, got {fmt!r}")
         if layer in out: raise ValueError(f"layer {layer} is given two {what} formats ({out[layer]}, {fmt})")
         row_bytes(fmt, head_dim)   # an unknown format, or one without this head_dim: ValueError
         out[layer] = fmt
@@ -217,7 +242,8 @@ def key_formats_str(pairs:tuple) -> str:
 # %% ../nbs/00_sizing.ipynb #000121e7
 @dataclass(frozen=True)
 class CacheLayout:
-    "Each full-attention layer's key format and value format: the one reading of kv.format, kv.key_formats and kv.value_formats that sizing, the pool (so the runner), `HQKVCache` and the quality variants use."
+    "Each full-attention layer's key and value format: the one reading of kv.format, kv.key_formats, kv.value_formats."
+    # read by sizing, the pool (so the runner), `HQKVCache` and the quality variants
     kv_format: object   # the cache's format: a registered name (or, for sizing, a `Rate`)
     layers: tuple       # model layer ids of the full-attention layers, in order
     head_dim: int
@@ -229,11 +255,12 @@ class CacheLayout:
            head_dim:int, kv_format,
            key_formats=None, value_formats=None, # {layer: format}, 'LAYER=FORMAT,...', pairs, or None/'' for none
            owner:str="the model") -> CacheLayout: # how messages name the model
-        "Read and check per-layer overrides against the layers and the head dim (an unknown layer or format, or one without this head dim: ValueError)."
+        "Read per-layer overrides, checked against the layers and the head dim (unknown layer or format: ValueError)."
         row_bytes(kv_format, head_dim)
         kf = dict(parse_key_formats(key_formats, layers, head_dim, kv_format, owner))
         vf = dict(parse_key_formats(value_formats, layers, head_dim, kv_format, owner, "value"))
-        return cls(kv_format, tuple(layers), head_dim, tuple(kf.get(l, kv_format) for l in layers), tuple(vf.get(l, kv_format) for l in layers))
+        return cls(kv_format, tuple(layers), head_dim, tuple(kf.get(l, kv_format) for l in layers),
+                   tuple(vf.get(l, kv_format) for l in layers))
     @classmethod
     def for_geometry(cls, geometry, kv_format, key_formats=None, value_formats=None) -> CacheLayout:
         "The layout of a `Geometry` (or preset name)'s attention layers."
@@ -242,27 +269,31 @@ class CacheLayout:
 
     def _over(self, fs) -> tuple: return tuple((l, f) for l, f in zip(self.layers, fs) if f != self.kv_format)
     @property
-    def key_formats(self) -> tuple: return self._over(self.k_formats)      # (layer, format) pairs of the keys not in kv_format
+    # (layer, format) pairs of the keys not in kv_format
+    def key_formats(self) -> tuple: return self._over(self.k_formats)
     @property
     def value_formats(self) -> tuple: return self._over(self.v_formats)    # ... and of the values
     @property
     def mixed(self) -> bool: return bool(self.key_formats or self.value_formats)
     def row_bytes(self) -> tuple:
         "(key row bytes, value row bytes) of each layer."
-        return tuple((row_bytes(k, self.head_dim), row_bytes(v, self.head_dim)) for k, v in zip(self.k_formats, self.v_formats))
+        return tuple((row_bytes(k, self.head_dim), row_bytes(v, self.head_dim)) for k,
+                     v in zip(self.k_formats, self.v_formats))
     def bytes_per_token(self, kv_heads:int) -> int: return kv_heads * sum(a + b for a, b in self.row_bytes())
     def describe(self) -> str:
-        "The overrides as plan lines show them: ' key_formats=5:tbq3,11:tbq3 value_formats=17:tbq2' ('' with one format)."
+        "The overrides as plan lines show them: ' key_formats=5:tbq3,11:tbq3 value_formats=17:tbq2' ('': one format)."
         return ((f" key_formats={key_formats_str(self.key_formats)}" if self.key_formats else "") +
                 (f" value_formats={key_formats_str(self.value_formats)}" if self.value_formats else ""))
 
 # %% ../nbs/00_sizing.ipynb #2e6668c1
 def bytes_per_token(geometry:Geometry, # a `Geometry` or a preset name
                     fmt,               # a registered format name, a `Rate`, or a `CacheLayout` of the geometry
-                    key_formats=None,  # per-layer key formats ({layer: format}, 'LAYER=FORMAT,...'): those layers' keys in their own format
+                    # per-layer key formats ({layer: format}, 'LAYER=FORMAT,...'): those layers' keys in their own
+                    # format
+                    key_formats=None,
                     value_formats=None,  # per-layer value formats, the same way
                    ) -> int:
-    "KV bytes one token adds to the pool: 2 x attention layers x KV heads x row bytes (each layer's keys and values in their own format if given)."
+    "KV bytes one token adds to the pool: 2 x attention layers x KV heads x row bytes (per-layer formats if given)."
     g = get_geometry(geometry)
     lay = fmt if isinstance(fmt, CacheLayout) else CacheLayout.for_geometry(g, fmt, key_formats, value_formats)
     return lay.bytes_per_token(g.kv_heads)
@@ -276,14 +307,16 @@ class Budget:
 
     def __post_init__(self):
         _check_int("Budget.amount", self.amount, 1)
-        if self.unit not in ("bytes", "tokens"): raise ValueError(f"Budget.unit must be 'bytes' or 'tokens', got {self.unit!r}")
+        if self.unit not in ("bytes", "tokens"):
+            raise ValueError(f"Budget.unit must be 'bytes' or 'tokens', got {self.unit!r}")
     def __str__(self):
         a = self.amount
         return f"{a:,} tokens" if self.unit == "tokens" else f"{fmt_bytes(a, decimal=True)} = {fmt_bytes(a)} ({a:,} B)"
 
 BUDGET_FORMS = ("accepted forms: an int of bytes (3020000000); a size with a unit, '3.02G', '3GB', '512Mi', '24GiB' "
                 "(K/M/G/T = powers of 1000, Ki/Mi/Gi/Ti = powers of 1024, optional B); or tokens, '900Ktok', '4096tok'")
-_PREFIX = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4, "ki": 1024, "mi": 1024**2, "gi": 1024**3, "ti": 1024**4}
+_PREFIX = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4, "ki": 1024, "mi": 1024**2, "gi": 1024**3,
+           "ti": 1024**4}
 _BUDGET_RE = re.compile(r"^([0-9][0-9_]*(?:\.[0-9]+)?|\.[0-9]+)\s*([A-Za-z]*)$")
 
 def parse_budget(x) -> Budget:
@@ -291,12 +324,14 @@ def parse_budget(x) -> Budget:
     if isinstance(x, Budget): return x
     if isinstance(x, bool): raise TypeError(f"budget must be bytes or a string, got {x!r}; {BUDGET_FORMS}")
     if isinstance(x, float):
-        if not math.isfinite(x) or x != int(x): raise ValueError(f"budget {x!r} is not a whole number of bytes; {BUDGET_FORMS}")
+        if not math.isfinite(x) or x != int(x):
+            raise ValueError(f"budget {x!r} is not a whole number of bytes; {BUDGET_FORMS}")
         x = int(x)
     if isinstance(x, int):
         if x <= 0: raise ValueError(f"budget must be positive, got {x}; {BUDGET_FORMS}")
         return Budget(x, "bytes")
-    if not isinstance(x, str): raise TypeError(f"budget must be an int of bytes or a string, got {type(x).__name__}; {BUDGET_FORMS}")
+    if not isinstance(x, str):
+        raise TypeError(f"budget must be an int of bytes or a string, got {type(x).__name__}; {BUDGET_FORMS}")
     s = x.strip()
     if s.startswith("-"): raise ValueError(f"budget must be positive, got {x!r}; {BUDGET_FORMS}")
     m = _BUDGET_RE.match(s)
@@ -308,7 +343,8 @@ def parse_budget(x) -> Budget:
     if kind == "bytes" and unit.endswith("b"): unit = unit[:-1]
     if unit not in _PREFIX: raise ValueError(f"budget {x!r} has an unknown unit {m.group(2)!r}; {BUDGET_FORMS}")
     amount = num * _PREFIX[unit]
-    if amount.denominator != 1: raise ValueError(f"budget {x!r} is not a whole number of {kind} ({float(amount)}); {BUDGET_FORMS}")
+    if amount.denominator != 1:
+        raise ValueError(f"budget {x!r} is not a whole number of {kind} ({float(amount)}); {BUDGET_FORMS}")
     if amount <= 0: raise ValueError(f"budget must be positive, got {x!r}; {BUDGET_FORMS}")
     return Budget(int(amount), kind)
 
@@ -337,8 +373,9 @@ class Plan:
 
     def line(self) -> str:
         "The engine's load-time log line for this pool."
+        # as `CacheLayout.describe`
         kf = (f" key_formats={key_formats_str(self.key_formats)}" if self.key_formats else "") + \
-             (f" value_formats={key_formats_str(self.value_formats)}" if self.value_formats else "")   # as `CacheLayout.describe`
+             (f" value_formats={key_formats_str(self.value_formats)}" if self.value_formats else "")
         return (f"hqkv.runtime.vram_plan kv_format={self.kv_format}{kf} page_bytes={self.page_bytes} "
                 f"kv_pool_pages={self.pages} kv_pool_tokens={self.tokens} kv_pool_bytes={self.bytes}")
     def as_dict(self) -> dict:
@@ -380,7 +417,8 @@ def plan(geometry,                # a `Geometry` or a preset name
         lane_bytes = lp * page_bytes + state
         lanes, pool_lanes = budget_bytes // lane_bytes, pages // lp
     return Plan(g.name, format_name(kv_format), b, bpt * 8 / g.values_per_token, bpt, page_tokens, page_bytes,
-                pages, pages * page_tokens, pages * page_bytes, state, context, lanes, pool_lanes, lane_bytes, kf, vf, lay)
+                pages, pages * page_tokens, pages * page_bytes, state, context, lanes, pool_lanes, lane_bytes, kf, vf,
+                lay)
 
 def lanes_bytes(geometry,              # a `Geometry` or a preset name
                 kv_format,             # a registered format name or a `Rate`
@@ -394,6 +432,7 @@ def lanes_bytes(geometry,              # a `Geometry` or a preset name
                ) -> int:
     "Bytes `lanes` sequences of `context` tokens need: their pages (and, `with_state`, their fixed state)."
     g = get_geometry(geometry); _check_int("lanes", lanes, 0); _check_int("exact_tokens", exact_tokens, 0)
-    kv = lanes * lane_pages(context, page_tokens) * page_tokens * bytes_per_token(g, kv_format, key_formats, value_formats)
+    kv = (lanes * lane_pages(context, page_tokens) * page_tokens
+          * bytes_per_token(g, kv_format, key_formats, value_formats))
     state = g.state_bytes + exact_tokens * bytes_per_token(g, Rate(2, name="bf16"))
     return kv + (lanes * state if with_state else 0)

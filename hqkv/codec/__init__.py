@@ -30,7 +30,8 @@ class Codec:
     version: int = 1                     # layout version, checked when stored pages are restored
     head_dims: tuple = HEAD_DIMS         # head dims this format supports
     rotated: bool = False                # True when codes live in a rotated domain (see `rotate`)
-    refused_by_default: bool = False     # True: `get_codec` refuses it unless given allow=True (an experiment, e.g. tbq3)
+    # True: `get_codec` refuses it unless given allow=True (an experiment, e.g. tbq3)
+    refused_by_default: bool = False
 
     def __init__(self, head_dim:int): # the head vector length D
         self.head_dim = self.check_head_dim(head_dim)
@@ -38,9 +39,11 @@ class Codec:
     @classmethod
     def check_head_dim(cls, head_dim:int) -> int:
         "`head_dim` if this format reads it, else ValueError naming the sizes it reads."
-        if isinstance(head_dim, bool) or not isinstance(head_dim, int): raise TypeError(f"{cls.name}: head_dim must be an int, got {head_dim!r} ({type(head_dim).__name__})")
+        if isinstance(head_dim, bool) or not isinstance(head_dim, int):
+            raise TypeError(f"{cls.name}: head_dim must be an int, got {head_dim!r} ({type(head_dim).__name__})")
         if head_dim not in cls.head_dims:
-            raise ValueError(f"{cls.name}: head_dim {head_dim!r} is not supported; supported head dims: {describe_dims(cls.head_dims)}")
+            raise ValueError(f"{cls.name}: head_dim {head_dim!r} is not supported; supported head dims: "
+                             f"{describe_dims(cls.head_dims)}")
         return head_dim
 
     @classmethod
@@ -55,7 +58,8 @@ class Codec:
 
     # -- what subclasses implement (inputs already checked and flattened to 2-D) --
     def _encode(self, x:Tensor) -> Tensor: raise NotImplementedError  # float32 [n, D] -> uint8 [n, row_bytes]
-    def _decode_rotated(self, rows:Tensor) -> Tensor: raise NotImplementedError  # uint8 [n, row_bytes] -> float32 [n, D]
+    # uint8 [n, row_bytes] -> float32 [n, D]
+    def _decode_rotated(self, rows:Tensor) -> Tensor: raise NotImplementedError
 
     def rotate(self, x:Tensor) -> Tensor:
         "Map original-domain vectors into the domain the codes live in (identity unless `rotated`)."
@@ -69,40 +73,50 @@ class Codec:
         "Code `x` (float [..., head_dim]) into rows (uint8 [..., row_bytes])."
         x = self._check_input(x)
         flat = x.reshape(-1, self.head_dim).to(torch.float32)
-        rows = self._encode(flat) if flat.shape[0] else torch.empty(0, self.row_bytes, dtype=torch.uint8, device=x.device)
+        rows = self._encode(flat) if flat.shape[0] else torch.empty(0, self.row_bytes, dtype=torch.uint8,
+                                                                    device=x.device)
         return rows.reshape(*x.shape[:-1], self.row_bytes)
 
     def decode_rotated(self, rows:Tensor, validate:bool=False) -> Tensor:
-        "Rows -> float32 vectors in the coded (rotated) domain; equals `decode` for unrotated formats. `validate`: refuse rows that decode to NaN/Inf (corrupt bytes)."
+        "Rows -> float32 vectors in the coded (rotated) domain (`decode`, unrotated); `validate`: refuse NaN/Inf."
+        # a row that decodes to NaN/Inf has corrupt bytes
         rows = self._check_rows(rows)
         flat = rows.reshape(-1, self.row_bytes)
         out = self._decode_rotated(flat) if flat.shape[0] else torch.empty(0, self.head_dim, device=rows.device)
         if validate and not bool(torch.isfinite(out).all()):
             bad = (~torch.isfinite(out).all(-1)).nonzero()[:, 0]
-            raise ValueError(f"{self.name}.decode: {len(bad)} of {len(out)} rows decode to NaN/Inf (corrupt bytes?), the first at row {int(bad[0])}")
+            raise ValueError(f"{self.name}.decode: {len(bad)} of {len(out)} rows decode to NaN/Inf (corrupt bytes?), "
+                             f"the first at row {int(bad[0])}")
         return out.reshape(*rows.shape[:-1], self.head_dim)
 
     def decode(self, rows:Tensor, validate:bool=False) -> Tensor:
-        "Rows (uint8 [..., row_bytes]) -> float32 [..., head_dim] in the original domain (`validate`: refuse NaN/Inf, as `decode_rotated`)."
+        "Rows (uint8 [..., row_bytes]) -> float32 [..., head_dim], original domain (`validate`: as `decode_rotated`)."
         return self.unrotate(self.decode_rotated(rows, validate))
 
     def _check_input(self, x):
-        if not isinstance(x, Tensor): raise TypeError(f"{self.name}.encode: expected a torch.Tensor, got {type(x).__name__}")
-        if not x.is_floating_point(): raise TypeError(f"{self.name}.encode: expected a floating-point tensor, got dtype {x.dtype}")
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{self.name}.encode: expected a torch.Tensor, got {type(x).__name__}")
+        if not x.is_floating_point():
+            raise TypeError(f"{self.name}.encode: expected a floating-point tensor, got dtype {x.dtype}")
         if x.ndim == 0 or x.shape[-1] != self.head_dim:
-            raise ValueError(f"{self.name}.encode: last dim must be head_dim={self.head_dim}, got shape {tuple(x.shape)}")
+            raise ValueError(f"{self.name}.encode: last dim must be head_dim={self.head_dim}, got shape "
+                             f"{tuple(x.shape)}")
         if x.numel() and not bool(torch.isfinite(x).all()):
             raise ValueError(f"{self.name}.encode: input contains NaN or Inf")
         return x
 
     def _check_rows(self, rows):
-        if not isinstance(rows, Tensor): raise TypeError(f"{self.name}.decode: expected a torch.Tensor, got {type(rows).__name__}")
+        if not isinstance(rows, Tensor):
+            raise TypeError(f"{self.name}.decode: expected a torch.Tensor, got {type(rows).__name__}")
         if rows.dtype != torch.uint8: raise TypeError(f"{self.name}.decode: rows must be uint8, got dtype {rows.dtype}")
         if rows.ndim == 0 or rows.shape[-1] != self.row_bytes:
-            raise ValueError(f"{self.name}.decode: last dim must be row_bytes={self.row_bytes}, got shape {tuple(rows.shape)}")
+            raise ValueError(f"{self.name}.decode: last dim must be row_bytes={self.row_bytes}, got shape "
+                             f"{tuple(rows.shape)}")
         return rows
 
-    def __repr__(self): return f"{type(self).__name__}(name={self.name!r}, head_dim={self.head_dim}, row_bytes={self.row_bytes}, bits_per_value={self.bits_per_value:g})"
+    def __repr__(self):
+        return (f"{type(self).__name__}(name={self.name!r}, head_dim={self.head_dim}, row_bytes={self.row_bytes}, "
+                f"bits_per_value={self.bits_per_value:g})")
 
 # %% ../../nbs/10_codec.base.ipynb #347a4ea5
 _REGISTRY: dict[str, type[Codec]] = {}
@@ -111,12 +125,14 @@ _builtins_loaded = False
 
 def register_codec(cls:type[Codec]) -> type[Codec]:
     "Class decorator: add a `Codec` subclass to the registry under `cls.name`."
-    if not (isinstance(cls, type) and issubclass(cls, Codec)): raise TypeError(f"register_codec: {cls!r} is not a Codec subclass")
+    if not (isinstance(cls, type) and issubclass(cls, Codec)):
+        raise TypeError(f"register_codec: {cls!r} is not a Codec subclass")
     if not cls.name: raise ValueError(f"register_codec: {cls.__name__} has no name")
     old = _REGISTRY.get(cls.name)
     # a notebook that defines the class its module also exports (or a re-run cell) replaces it; another class may not
     if old is not None and old is not cls and old.__qualname__ != cls.__qualname__:
-        raise ValueError(f"register_codec: a codec named {cls.name!r} is already registered ({_REGISTRY[cls.name].__name__})")
+        raise ValueError(f"register_codec: a codec named {cls.name!r} is already registered "
+                         f"({_REGISTRY[cls.name].__name__})")
     _REGISTRY[cls.name] = cls
     return cls
 
@@ -142,7 +158,7 @@ def codec_class(name:str) -> type[Codec]:
     return _REGISTRY[name]
 
 def asked_codec_opts(name:str) -> dict:
-    "`get_codec` options for a format someone named explicitly (an evaluated variant, a per-layer key format): naming one refused by default is asking for it."
+    "`get_codec` options for a format named explicitly (a variant, a per-layer format): naming it asks for it."
     return {"allow": True} if codec_class(name).refused_by_default else {}
 
 def get_codec(name:str, head_dim:int=256, **opts) -> Codec:
@@ -165,7 +181,8 @@ def check_codec(codec:Codec, n:int=64, seed:int=0):
     check("batch dims kept", tuple(codec.decode(codec.encode(xb)).shape) == (4, n // 4, D))
     y = codec.decode(rows)
     check("decode dtype/shape", y.dtype == torch.float32 and tuple(y.shape) == (n, D))
-    check("batch = one by one", torch.equal(codec.encode(xb).reshape(n, R), rows) and torch.equal(codec.encode(x[: n // 2]), rows[: n // 2]))
+    check("batch = one by one",
+          torch.equal(codec.encode(xb).reshape(n, R), rows) and torch.equal(codec.encode(x[: n // 2]), rows[: n // 2]))
     rel_mse = float(((y - x) ** 2).sum() / (x ** 2).sum())
     check("round trip close", rel_mse < 0.5, f"(relative MSE {rel_mse:.3f} on N(0,1))")
     check("deterministic", torch.equal(codec.encode(x), rows) and torch.equal(codec.decode(rows), y))
@@ -177,7 +194,8 @@ def check_codec(codec:Codec, n:int=64, seed:int=0):
         try: codec.encode(bad); ok = False
         except ValueError as e: ok = "NaN or Inf" in str(e)
         check(f"{what} input refused", ok)
-    for bad, exc, frag in ((torch.randn(2, D + 1), ValueError, "last dim"), (torch.ones(2, D, dtype=torch.int32), TypeError, "floating-point"),
+    for bad, exc, frag in ((torch.randn(2, D + 1), ValueError, "last dim"),
+                           (torch.ones(2, D, dtype=torch.int32), TypeError, "floating-point"),
                            (torch.zeros(2, R + 1, dtype=torch.uint8), None, None)):
         if exc is None:
             try: codec.decode(bad); ok = False

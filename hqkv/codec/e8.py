@@ -34,9 +34,11 @@ E8P_PARITY = (E8P_ABS.sum(1).round().long() % 2).to(torch.uint8)   # [256]: pari
 def e8p_decode(codes:Tensor, # integer [...], 16-bit codewords (any integer dtype, values 0..65535)
               )->Tensor: # float32 [..., 8] codebook points
     "Decode E8P codewords with the 256 x 8 pattern table, the sign bits, the parity rule and the shift."
-    if codes.is_floating_point() or codes.dtype == torch.bool: raise TypeError(f"e8p_decode expects integer codes, got {codes.dtype}")
+    if codes.is_floating_point() or codes.dtype == torch.bool:
+        raise TypeError(f"e8p_decode expects integer codes, got {codes.dtype}")
     c = codes.to(torch.int64)
-    if c.numel() and (int(c.min()) < 0 or int(c.max()) > 0xFFFF): raise ValueError("e8p_decode: codewords must be in [0, 65535]")
+    if c.numel() and (int(c.min()) < 0 or int(c.max()) > 0xFFFF):
+        raise ValueError("e8p_decode: codewords must be in [0, 65535]")
     dev = c.device
     a = E8P_ABS.to(dev)[c >> 8]
     bits = (((c >> 1) & 127)[..., None] >> torch.arange(7, device=dev)) & 1            # coords 1..7
@@ -76,7 +78,8 @@ def e8p_encode_reference(x:Tensor, # float [..., 8]
     return out.reshape(shp)
 
 # %% ../../nbs/13_codec.e8.ipynb #8d0f0901
-_NET8 = ((0,2),(1,3),(4,6),(5,7),(0,4),(1,5),(2,6),(3,7),(0,1),(2,3),(4,5),(6,7),(2,4),(3,5),(1,4),(3,6),(1,2),(3,4),(5,6))
+_NET8 = ((0,2),(1,3),(4,6),(5,7),(0,4),(1,5),(2,6),(3,7),(0,1),(2,3),(4,5),(6,7),(2,4),(3,5),(1,4),(3,6),(1,2),(3,4),
+         (5,6))
 _TABLES = {}
 
 def _tables(dev)->dict:
@@ -104,7 +107,7 @@ def _pack_idx(v:Tensor, idx8:Tensor)->Tensor:
 
 # %% ../../nbs/13_codec.e8.ipynb #7a3c0173
 def _lattice(y:Tensor, T:dict):
-    "Nearest point of D8 + 1/2 to each column of y [8, N]: (distance, pattern or -1 if not in the table, negative mask)."
+    "Nearest point of D8 + 1/2 to each column of y [8, N]: (distance, pattern or -1 if not in the table, negatives)."
     f = torch.floor(y)
     e = (y - f).sub_(0.5)                                  # rounding error to the nearest half-odd integer
     ae = e.abs()
@@ -166,15 +169,18 @@ def _encode_chunk(x:Tensor, T:dict)->tuple[Tensor, Tensor]:
         dv[need], p[need], neg[:, need] = ds, ps, ns
     sb = _wsum(T["sb"], neg.to(torch.float32))
     s1 = dv[N:] < dv[:N]
-    codes = ((torch.where(s1, p[N:], p[:N]) << 8) | (torch.where(s1, sb[N:], sb[:N]).long() << 1) | s1.long()).to(torch.int32)
+    codes = ((torch.where(s1, p[N:], p[:N]) << 8) | (torch.where(s1, sb[N:],
+                                                                 sb[:N]).long() << 1) | s1.long()).to(torch.int32)
     return codes, torch.where(s1, dv[N:], dv[:N])
 
 def e8p_encode(x:Tensor, # float [..., 8], any device
                chunk:int=32768, # groups per step (keeps the working set in cache)
                return_dist:bool=False, # also return the squared distance to the chosen point
-              )->Tensor|tuple[Tensor, Tensor]: # int32 [...] codewords (0..65535) of the nearest E8P points (, float32 [...])
+              # int32 [...] codewords (0..65535) of the nearest E8P points (, float32 [...])
+              )->Tensor|tuple[Tensor, Tensor]:
     "Exact nearest-point E8P encoding (lattice rounding + sorted search), vectorised in torch."
-    if not isinstance(x, Tensor) or not x.is_floating_point(): raise TypeError("e8p_encode expects a floating-point tensor")
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        raise TypeError("e8p_encode expects a floating-point tensor")
     if x.ndim == 0 or x.shape[-1] != 8: raise ValueError(f"e8p_encode: last dim must be 8, got shape {tuple(x.shape)}")
     shp = x.shape[:-1]
     x = x.reshape(-1, 8).to(torch.float32)
@@ -215,15 +221,17 @@ class HQE8(Codec):
     def row_bytes_for(cls, head_dim:int)->int: return head_dim // 4 + 8
 
     def _reduce(self, t:Tensor, op, per:int=8)->Tensor:
-        "op(t[:, quarter], -1) for each quarter of t [n, D] (per=8 values a group) or [n, D/8] (per=1: one per group) -> [n, Q]."
-        if self.head_dim % (8 * self.quarters) == 0: return op(t.reshape(t.shape[0], self.quarters, -1), -1)   # equal quarters: one op
+        "op(t[:, quarter], -1) for each quarter of t [n, D] (per=8 values a group) or [n, D/8] (per=1) -> [n, Q]."
+        # equal quarters: one op
+        if self.head_dim % (8 * self.quarters) == 0: return op(t.reshape(t.shape[0], self.quarters, -1), -1)
         return torch.stack([op(t[:, a * per : b * per], -1) for a, b in self.quarter_groups], 1)
 
     def _per_quarter(self, t:Tensor, s:Tensor, op)->Tensor:
         "op(t, s) with s [n, Q] broadcast over each quarter's coordinates of t [n, D]."
         n, D, Q = t.shape[0], self.head_dim, self.quarters
         if D % (8 * Q) == 0: return op(t.reshape(n, Q, D // Q), s[..., None]).reshape(n, D)
-        if s.device not in self._lens: self._lens[s.device] = torch.tensor([8 * (b - a) for a, b in self.quarter_groups], device=s.device)
+        if s.device not in self._lens:
+            self._lens[s.device] = torch.tensor([8 * (b - a) for a, b in self.quarter_groups], device=s.device)
         return op(t, s.repeat_interleave(self._lens[s.device], 1))
 
     def _mat(self, dev)->Tensor:
@@ -240,7 +248,8 @@ class HQE8(Codec):
     def _encode(self, x:Tensor)->Tensor:
         n, D, G = x.shape[0], self.head_dim, self.head_dim // 8
         y = self.rotate(x)
-        if not bool(torch.isfinite(y).all()): raise ValueError(f"{self.name}.encode: the rotated vector overflows float32 (|x| too large)")
+        if not bool(torch.isfinite(y).all()):
+            raise ValueError(f"{self.name}.encode: the rotated vector overflows float32 (|x| too large)")
         tiny = torch.finfo(torch.float32).tiny
         m = self._reduce(y.abs(), torch.amax)                           # [n, Q]: each quarter's max-abs
         yn = self._per_quarter(y, m.clamp_min(tiny), torch.div)          # |yn| <= 1: no overflow in the squares
@@ -261,6 +270,8 @@ class HQE8(Codec):
         n, D = rows.shape[0], self.head_dim
         b = rows[:, : D // 4].to(torch.int64)
         idx = (b[:, 0::2] | (b[:, 1::2] << 8)).reshape(-1)
-        c = _tables(rows.device)["grid4"].index_select(0, idx).reshape(n, D).to(torch.float32)   # int8 table: 4x less to read
-        s = rows[:, D // 4:].contiguous().view(torch.bfloat16).to(torch.float32) * 0.25   # (4 grid) (s / 4) = grid s, bit for bit
+        # int8 table: 4x less to read
+        c = _tables(rows.device)["grid4"].index_select(0, idx).reshape(n, D).to(torch.float32)
+        # (4 grid) (s / 4) = grid s, bit for bit
+        s = rows[:, D // 4:].contiguous().view(torch.bfloat16).to(torch.float32) * 0.25
         return self._per_quarter(c, s, torch.mul)

@@ -64,7 +64,8 @@ def _fp16_scale_bytes(d:Tensor, # float32 block scales [n, nb, 1]
     "Round block scales to fp16 for storage, refusing any that overflow."
     h = d.to(torch.float16).contiguous()
     if bool(torch.isinf(h).any()):
-        raise ValueError(f"{name}.encode: a block scale {float(d.abs().max()):.4g} overflows fp16 (max 65504); the input is too large for this format")
+        raise ValueError(f"{name}.encode: a block scale {float(d.abs().max()):.4g} overflows fp16 (max 65504); the "
+                         "input is too large for this format")
     return h.view(torch.uint8)
 
 def _inv(d:Tensor) -> tuple[Tensor, Tensor]:

