@@ -32,11 +32,12 @@ def build_dir() -> Path:
 def build(force:bool=False, # compile even if the library is cached
           source:str=SOURCE, # a C++ file of hqkv's package data (`hqkv.models.weights` builds its own the same way)
          ) -> Path: # the shared library
-    "Compile `source` with $CXX (default g++) once per source and flags; RuntimeError naming what is missing or what failed."
+    "Compile `source` with $CXX (default g++) once per source and flags; RuntimeError naming what is missing or failed."
     src, stem = resources.files("hqkv").joinpath(source), Path(source).stem
     cxx = os.environ.get("CXX", "g++")
     if shutil.which(cxx) is None:
-        raise RuntimeError(f"hqkv's {stem} needs a C++ compiler to build its kernels and {cxx!r} is not on PATH: install g++ (or set CXX)")
+        raise RuntimeError(f"hqkv's {stem} needs a C++ compiler to build its kernels and {cxx!r} is not on PATH: "
+                           "install g++ (or set CXX)")
     text = src.read_bytes()
     out = build_dir() / f"{stem}-{hashlib.sha256(text + ' '.join((cxx,) + FLAGS).encode()).hexdigest()[:16]}.so"
     if out.exists() and not force: return out
@@ -44,18 +45,22 @@ def build(force:bool=False, # compile even if the library is cached
     with tempfile.TemporaryDirectory(dir=out.parent) as d, resources.as_file(src) as path:
         tmp = Path(d) / out.name
         r = subprocess.run([cxx, *FLAGS, "-o", str(tmp), str(path)], capture_output=True, text=True)
-        if r.returncode: raise RuntimeError(f"hqkv's {stem}: building its CPU kernels with {cxx} failed:\n{r.stderr[-4000:]}")
+        if r.returncode:
+            raise RuntimeError(f"hqkv's {stem}: building its CPU kernels with {cxx} failed:\n{r.stderr[-4000:]}")
         os.replace(tmp, out)                              # atomic: a concurrent build never sees half a file
     return out
 
 # %% ../nbs/34_attention.cpu.ipynb #aff3a66a
 class _Fmt(ctypes.Structure):
     "One side's format for the kernel (C++ `Fmt`)."
-    _fields_ = [("kind", ctypes.c_int64), ("D", ctypes.c_int64), ("block", ctypes.c_int64), ("block_bytes", ctypes.c_int64),
-                ("tab", ctypes.c_void_p), ("blk", ctypes.c_uint8 * 64), ("row_bytes", ctypes.c_int64)]   # blk: the scale block of each group of 8
+    _fields_ = [("kind", ctypes.c_int64), ("D", ctypes.c_int64), ("block", ctypes.c_int64),
+                ("block_bytes", ctypes.c_int64),
+                # blk: the scale block of each group of 8
+                ("tab", ctypes.c_void_p), ("blk", ctypes.c_uint8 * 64), ("row_bytes", ctypes.c_int64)]
 
 _PTRS = ("q", "k_pages", "v_pages", "indptr", "indices", "spans", "k_sink", "v_sink", "k_ring", "v_ring", "out", "lse")
-_INTS = ("B", "H", "Gp", "D", "page_size", "k_row_bytes", "v_row_bytes", "S", "R", "chunk", "threads", "block_rows", "window_block_rows")
+_INTS = ("B", "H", "Gp", "D", "page_size", "k_row_bytes", "v_row_bytes",
+         "S", "R", "chunk", "threads", "block_rows", "window_block_rows")
 class _Args(ctypes.Structure):
     "One decode call (C++ `Args`)."
     _fields_ = [(n, ctypes.c_void_p) for n in _PTRS] + [(n, ctypes.c_int64) for n in _INTS] + \
@@ -81,7 +86,9 @@ def set_isa(name:str|None=None) -> str: # the instruction set now in use
     want = -1 if name is None else ISAS.get(name)
     if want is None: raise ValueError(f"unknown instruction set {name!r}; choose one of {', '.join(ISAS)}")
     got = lib().hqkv_cpu_isa(want)
-    if got < 0: raise RuntimeError(f"hqkv.attention_cpu: this CPU lacks AVX2, FMA or F16C, which the {name!r} kernels need; use set_isa('portable')")
+    if got < 0:
+        raise RuntimeError(f"hqkv.attention_cpu: this CPU lacks AVX2, FMA or F16C, which the {name!r} kernels need; "
+                           "use set_isa('portable')")
     return {v: k for k, v in ISAS.items()}[got]
 
 # %% ../nbs/34_attention.cpu.ipynb #85be2fe9
@@ -95,8 +102,10 @@ def cpu_model() -> str: # e.g. 'AMD EPYC 7B13' (the processor name, else the arc
     return platform.processor() or platform.machine()
 
 # %% ../nbs/34_attention.cpu.ipynb #512fa3f2
-def e8_tables() -> Tensor: # float32 [256*8 + 256*16]: magnitudes, then per low byte: sign masks (as float bits), signed shifts
-    "hq-e8-2b decode tables for the kernel: |pattern| (coord 0 carrying the pattern's parity), and per low byte the sign masks (coord 0: the sign bits' parity) and the shift with each coordinate's sign."
+# float32 [256*8 + 256*16]: magnitudes, then per low byte: sign masks (as float bits), signed shifts
+def e8_tables() -> Tensor:
+    "hq-e8-2b decode tables for the kernel: |pattern|, and per low byte the sign masks and the shift with each sign."
+    # coord 0 of |pattern| carries the pattern's parity; coord 0 of a sign mask: the sign bits' parity
     from hqkv.codec.e8 import E8P_ABS, E8P_PARITY
     a = E8P_ABS.clone(); a[:, 0] = torch.where(E8P_PARITY.bool(), -a[:, 0], a[:, 0])
     lo = torch.arange(256)
@@ -107,14 +116,17 @@ def e8_tables() -> Tensor: # float32 [256*8 + 256*16]: magnitudes, then per low 
     return torch.cat([a.reshape(-1), low.reshape(-1)]).contiguous()
 
 # %% ../nbs/34_attention.cpu.ipynb #705e96e5
-CPU_FORMATS = {"bf16": 0, "hq-e8-2b": 1, "q8_0": 2, "q4_0": 3, "tbq4": 4, "tbq3": 5, "tbq2": 6}   # name -> the kernel's FMT_ id
+# name -> the kernel's FMT_ id
+CPU_FORMATS = {"bf16": 0, "hq-e8-2b": 1, "q8_0": 2, "q4_0": 3, "tbq4": 4, "tbq3": 5, "tbq2": 6}
 _FMTS = {}
 
-def cpu_format(codec:Codec) -> tuple[_Fmt, Tensor|None]: # the kernel's description and the table it points to (keep it alive)
+# the kernel's description and the table it points to (keep it alive)
+def cpu_format(codec:Codec) -> tuple[_Fmt, Tensor|None]:
     "How the kernel reads `codec`'s rows; ValueError naming the formats it reads."
     key = (codec.name, codec.head_dim, getattr(codec, "seed", None))
     if key in _FMTS: return _FMTS[key]
-    if codec.name not in CPU_FORMATS: raise ValueError(f"hqkv.attention_cpu reads {', '.join(CPU_FORMATS)} pages, not {codec.name!r}")
+    if codec.name not in CPU_FORMATS:
+        raise ValueError(f"hqkv.attention_cpu reads {', '.join(CPU_FORMATS)} pages, not {codec.name!r}")
     f, tab = _Fmt(kind=CPU_FORMATS[codec.name], D=codec.head_dim), None
     if codec.name == "hq-e8-2b":
         tab = e8_tables()
@@ -142,50 +154,58 @@ def held_spans(L:int, # tokens of the sequence (its new token included)
 def _padded_group(G:int) -> int: return G if G in (1, 2, 4, 8) else 4 if G == 3 else 8 if G < 8 else -(-G // 8) * 8
 
 def _split(lens:list, P:int, threads:int, chunk:int|None) -> tuple[int, int]:
-    "(positions per work item, a multiple of the page size; work items in all): about 4 items per thread unless `chunk` is given."
+    "(positions per work item, a multiple of the page size; work items in all): about 4 items a thread, or `chunk`."
     chunk = -(-(chunk or max(256, -(-sum(lens) // (4 * threads)))) // P) * P
     return chunk, sum(max(1, -(-L // chunk)) for L in lens)
 
 def _spans(lens:list, window:ExactWindow|None, slots:list|None) -> Tensor:
     "int64 [B, 4]: each sequence's length, s, r and window slot."
     S, R = (window.sinks, window.recent) if window is not None else (0, 0)
-    return torch.tensor([[L, *held_spans(L, S, R), 0 if slots is None else slots[b]] for b, L in enumerate(lens)], dtype=torch.int64)
+    return torch.tensor([[L, *held_spans(L, S, R), 0 if slots is None else slots[b]] for b, L in enumerate(lens)],
+                        dtype=torch.int64)
 
 # %% ../nbs/34_attention.cpu.ipynb #8cffadbb
-def _args(B:int, H:int, Gp:int, D:int, P:int, spans:Tensor, indptr:Tensor, indices:Tensor, window_sr:tuple, threads:int, chunk:int) -> _Args:
-    "The fields of a kernel call that every layer of a step shares (the caller keeps `spans`, `indptr` and `indices` alive)."
+def _args(B:int, H:int, Gp:int, D:int, P:int, spans:Tensor, indptr:Tensor, indices:Tensor, window_sr:tuple, threads:int,
+          chunk:int) -> _Args:
+    "The fields of a kernel call every layer of a step shares (the caller keeps `spans`, `indptr`, `indices` alive)."
     a = _Args(B=B, H=H, Gp=Gp, D=D, page_size=P, chunk=chunk, threads=threads, S=window_sr[0], R=window_sr[1])
     a.spans, a.indptr, a.indices = spans.data_ptr(), indptr.data_ptr(), indices.data_ptr()
     return a
 
 def _call(a:_Args, qr:Tensor, k_pages, v_pages, kc, vc, window, work:Tensor) -> tuple[Tensor, Tensor]:
-    "Run the kernel on one layer: qr [B, H, Gp, D] rotated and scaled -> (out [B, H, Gp, D] in the values' domain, lse [B, H, Gp])."
+    "Run the kernel on a layer: qr [B, H, Gp, D] rotated, scaled -> (out [B, H, Gp, D] values' domain, lse [B, H, Gp])."
     (kf, _), (vf, _) = cpu_format(kc), cpu_format(vc)
     out, lse = torch.empty(qr.shape), torch.empty(qr.shape[:3])
     a.k_row_bytes, a.v_row_bytes, a.kf, a.vf = kc.row_bytes, vc.row_bytes, ctypes.pointer(kf), ctypes.pointer(vf)
-    a.q, a.k_pages, a.v_pages, a.out, a.lse = qr.data_ptr(), k_pages.data_ptr(), v_pages.data_ptr(), out.data_ptr(), lse.data_ptr()
+    a.q, a.k_pages, a.v_pages = qr.data_ptr(), k_pages.data_ptr(), v_pages.data_ptr()
+    a.out, a.lse = out.data_ptr(), lse.data_ptr()
     if window is not None:
-        a.k_sink, a.v_sink, a.k_ring, a.v_ring = (t.data_ptr() for t in (window.k_sink, window.v_sink, window.k_recent, window.v_recent))
+        a.k_sink, a.v_sink, a.k_ring, a.v_ring = (t.data_ptr() for t in (window.k_sink, window.v_sink,
+                                                                         window.k_recent, window.v_recent))
     lib().hqkv_cpu_decode(ctypes.byref(a), work.data_ptr())
     return out, lse
 
 # %% ../nbs/34_attention.cpu.ipynb #a61d669f
 def _check_cpu(*ts, what="paged_decode_cpu"):
-    if any(t.device.type != "cpu" or not t.is_contiguous() for t in ts): raise ValueError(f"{what} reads contiguous CPU tensors (pages, page table, window)")
+    if any(t.device.type != "cpu" or not t.is_contiguous() for t in ts):
+        raise ValueError(f"{what} reads contiguous CPU tensors (pages, page table, window)")
 
 class DecodePlan:
-    "What every layer of one decode step shares: the page table checked once, each sequence's spans, the work split and buffers (`run` per layer)."
-    def __init__(self, k_pages:Tensor, v_pages:Tensor, # one layer's pages: every layer the plan runs has pages of this shape (row bytes aside)
+    "What every layer of a decode step shares: the page table checked once, spans, work split, buffers (`run` a layer)."
+    # one layer's pages: every layer the plan runs has pages of this shape (row bytes aside)
+    def __init__(self, k_pages:Tensor, v_pages:Tensor,
                  indptr:Tensor, indices:Tensor, last_page_len:Tensor, # int32 page table, as `paged_decode_cpu` takes it
                  codec:Codec, # that layer's format (or key, value pair): the head size
-                 window:ExactWindow|None=None, window_slots:Tensor|None=None, # exact window (any layer's: sizes and lengths are shared)
+                 # exact window (any layer's: sizes and lengths are shared)
+                 window:ExactWindow|None=None, window_slots:Tensor|None=None,
                  threads:int|None=None, chunk:int|None=None):
         num_pages, P, H = _check_pages(k_pages, v_pages, codec)
         D = _pair(codec)[0].head_dim
         B = indptr.shape[0] - 1 if isinstance(indptr, Tensor) and indptr.ndim == 1 else -1
         ip, idx = _check_table(indptr, indices, B, num_pages)
         lpl = _check_int("last_page_len", last_page_len, B)
-        if any(ip[b + 1] == ip[b] for b in range(B)): raise ValueError("paged_decode_cpu: every sequence needs at least one page")
+        if any(ip[b + 1] == ip[b] for b in range(B)):
+            raise ValueError("paged_decode_cpu: every sequence needs at least one page")
         if any(not 1 <= x <= P for x in lpl): raise ValueError(f"last_page_len must be in 1..{P}, got {lpl}")
         _check_cpu(k_pages, v_pages, indptr, indices)
         self.lens = [(ip[b + 1] - ip[b] - 1) * P + lpl[b] for b in range(B)]
@@ -197,25 +217,30 @@ class DecodePlan:
         self.chunk, self.items = _split(self.lens, P, self.threads, chunk)
         self.spans = _spans(self.lens, window, slots)
         self._args, self._work = {}, {}   # per padded group size: the shared kernel fields, the work buffer
-    def __repr__(self): return f"DecodePlan(B={self.B}, tokens={sum(self.lens)}, chunk={self.chunk}, threads={self.threads})"
+    def __repr__(self):
+        return f"DecodePlan(B={self.B}, tokens={sum(self.lens)}, chunk={self.chunk}, threads={self.threads})"
 
 # %% ../nbs/34_attention.cpu.ipynb #5e32646b
 @patch
 def _check_layer(self:DecodePlan, q:Tensor, k_pages:Tensor, v_pages:Tensor, codec, window:ExactWindow|None) -> int:
     "The cheap checks of one layer's call (its pages, query and window against the plan); returns G."
     num_pages, P, H = _check_pages(k_pages, v_pages, codec)   # the codec pair's head sizes agree, the rows fit them
-    if (num_pages, P, H) != self.shape: raise ValueError(f"pages [{num_pages}, {P}, {H}, ..] differ from the plan's {list(self.shape)}")
+    if (num_pages, P, H) != self.shape:
+        raise ValueError(f"pages [{num_pages}, {P}, {H}, ..] differ from the plan's {list(self.shape)}")
     D = _pair(codec)[0].head_dim
     if D != self.D: raise ValueError(f"codec head_dim {D} != the plan's {self.D}")
     if q.shape[0] != self.B: raise ValueError(f"q has {q.shape[0]} rows, the plan {self.B} sequences")
-    if (window is None) != (self.window_sr is None): raise ValueError("give the window to both the plan and every call, or to neither")
+    if (window is None) != (self.window_sr is None):
+        raise ValueError("give the window to both the plan and every call, or to neither")
     _check_cpu(k_pages, v_pages)
     if window is not None:
         if (window.sinks, window.recent) != self.window_sr or tuple(window.k_sink.shape[2:]) != (H, self.D):
-            raise ValueError(f"this layer's window ({window.sinks}+{window.recent}, {tuple(window.k_sink.shape[2:])}) is not the plan's {self.window_sr}")
+            raise ValueError(f"this layer's window ({window.sinks}+{window.recent}, {tuple(window.k_sink.shape[2:])}) "
+                             f"is not the plan's {self.window_sr}")
         _check_cpu(window.k_sink, window.k_recent, window.v_sink, window.v_recent)
         if window.lens[self.slots].tolist() != self.lens:
-            raise ValueError(f"window and pages describe different tokens: window lengths {window.lens[self.slots].tolist()}, sequence lengths {self.lens}")
+            raise ValueError("window and pages describe different tokens: window lengths "
+                             f"{window.lens[self.slots].tolist()}, sequence lengths {self.lens}")
     return _check_q(q, H, self.D)
 
 @patch
@@ -229,7 +254,8 @@ def run(self:DecodePlan, q:Tensor, # float [B, Hq, D], original domain
     B, H, D = self.B, self.shape[2], self.D
     Gp, scale = _padded_group(G), 1 / math.sqrt(D) if scale is None else float(scale)
     if Gp not in self._args:
-        self._args[Gp] = _args(B, H, Gp, D, self.shape[1], self.spans, *self.table, self.window_sr or (0, 0), self.threads, self.chunk)
+        self._args[Gp] = _args(B, H, Gp, D, self.shape[1], self.spans, *self.table, self.window_sr or (0, 0),
+                               self.threads, self.chunk)
         self._work[Gp] = torch.empty(self.items * H * Gp * (D + 2))   # every byte is written before it is read
     qr = (kc.rotate(q.float()) * scale).reshape(B, H, G, D)          # rotate the query once (into the keys' domain)
     if Gp != G: qr = torch.cat([qr, qr.new_zeros(B, H, Gp - G, D)], 2)
@@ -239,7 +265,8 @@ def run(self:DecodePlan, q:Tensor, # float [B, Hq, D], original domain
 
 # %% ../nbs/34_attention.cpu.ipynb #83854038
 def paged_decode_cpu(q:Tensor, # float [B, Hq, D], original domain; Hq a multiple of kv_heads
-                     k_pages:Tensor, v_pages:Tensor, # uint8 [num_pages, page_size, kv_heads, row_bytes], CPU, contiguous
+                     # uint8 [num_pages, page_size, kv_heads, row_bytes], CPU, contiguous
+                     k_pages:Tensor, v_pages:Tensor,
                      indptr:Tensor, indices:Tensor, # int32 page table
                      last_page_len:Tensor, # int32 [B], 1..page_size
                      codec:Codec, # the pages' format, or a (key codec, value codec) pair
@@ -250,13 +277,13 @@ def paged_decode_cpu(q:Tensor, # float [B, Hq, D], original domain; Hq a multipl
                      threads:int|None=None, # default torch.get_num_threads()
                      chunk:int|None=None, # positions per work item
                     ) -> Tensor|tuple[Tensor, Tensor]: # o [B, Hq, D] in q's dtype (and lse)
-    "`paged_decode` computed by the C++ kernels: pages read in place, rotated domain, FP32 online softmax, splits merged by log-sum-exp (a one-layer `DecodePlan`)."
+    "`paged_decode` by the C++ kernels: pages read in place, FP32 online softmax, splits merged by log-sum-exp."
     plan = DecodePlan(k_pages, v_pages, indptr, indices, last_page_len, codec, window, window_slots, threads, chunk)
     return plan.run(q, k_pages, v_pages, codec, scale, window, return_lse)
 
 # %% ../nbs/34_attention.cpu.ipynb #751204dd
 def _own_part(qr:Tensor, kr:Tensor, vr:Tensor, G:int) -> tuple[Tensor, Tensor]:
-    "A chunk's causal attention over its own rows: qr [C, H*G, D] (scaled), kr/vr [C, H, D] -> (o [H, C*G, D], lse [H, C*G]), row = token * G + head."
+    "A chunk's causal attention over itself: qr [C, H*G, D] (scaled), kr/vr [C, H, D] -> (o [H, C*G, D], lse [H, C*G])."
     C, Hq, D = qr.shape; H = kr.shape[1]
     rows = qr.reshape(C, H, G, D).transpose(0, 1).reshape(H, C * G, D)
     s = torch.einsum("hmd,nhd->hmn", rows, kr)
@@ -266,7 +293,8 @@ def _own_part(qr:Tensor, kr:Tensor, vr:Tensor, G:int) -> tuple[Tensor, Tensor]:
     return torch.einsum("hmn,nhd->hmd", torch.exp(s - lse[..., None]), vr), lse
 
 # %% ../nbs/34_attention.cpu.ipynb #bac9e484
-def paged_prefill_cpu(q:Tensor, # float [T, Hq, D]: the chunks' queries, sequence b's at rows qo_indptr[b]:qo_indptr[b+1]
+# float [T, Hq, D]: the chunks' queries, sequence b's at rows qo_indptr[b]:qo_indptr[b+1]
+def paged_prefill_cpu(q:Tensor,
                       k_new:Tensor, v_new:Tensor, # float [T, kv_heads, D]: the chunks' own exact K/V (original domain)
                       qo_indptr:Tensor, # int32 [B+1]
                       k_pages:Tensor, v_pages:Tensor, # uint8 [num_pages, page_size, kv_heads, row_bytes]
@@ -276,18 +304,21 @@ def paged_prefill_cpu(q:Tensor, # float [T, Hq, D]: the chunks' queries, sequenc
                       window:ExactWindow|None=None, window_slots:Tensor|None=None,
                       return_lse:bool=False, threads:int|None=None, chunk:int|None=None,
                      ) -> Tensor|tuple[Tensor, Tensor]: # o [T, Hq, D] in q's dtype (and lse float32 [T, Hq])
-    "`paged_prefill` with the prefix read in place by the kernels and the chunk's own causal part in torch, merged by log-sum-exp."
+    "`paged_prefill`: the prefix read in place by the kernels, the chunk's causal part in torch, merged by log-sum-exp."
     num_pages, P, H = _check_pages(k_pages, v_pages, codec)
     kc, vc = _pair(codec)
     D = kc.head_dim
     G = _check_q(q, H, D); _check_q(k_new, H, D, "k_new"); _check_q(v_new, H, D, "v_new")
     T = q.shape[0]
-    if k_new.shape != (T, H, D) or v_new.shape != (T, H, D): raise ValueError(f"k_new/v_new must be [{T}, {H}, {D}], got {tuple(k_new.shape)} and {tuple(v_new.shape)}")
+    if k_new.shape != (T, H, D) or v_new.shape != (T, H, D):
+        raise ValueError(f"k_new/v_new must be [{T}, {H}, {D}], got {tuple(k_new.shape)} and {tuple(v_new.shape)}")
     qo = _check_int("qo_indptr", qo_indptr); B = len(qo) - 1
-    if B < 1 or qo[0] != 0 or qo[-1] != T or any(b < a for a, b in zip(qo, qo[1:])): raise ValueError(f"qo_indptr must run from 0 to {T} without decreasing, got {qo}")
+    if B < 1 or qo[0] != 0 or qo[-1] != T or any(b < a for a, b in zip(qo, qo[1:])):
+        raise ValueError(f"qo_indptr must run from 0 to {T} without decreasing, got {qo}")
     ip, _ = _check_table(indptr, indices, B, num_pages)
     pl = _check_int("prefix_lens", prefix_lens, B)
-    if any(x < 0 or x > (ip[b + 1] - ip[b]) * P for b, x in enumerate(pl)): raise ValueError(f"prefix_lens {pl} must be >= 0 and fit in each sequence's pages")
+    if any(x < 0 or x > (ip[b + 1] - ip[b]) * P for b, x in enumerate(pl)):
+        raise ValueError(f"prefix_lens {pl} must be >= 0 and fit in each sequence's pages")
     slots = _check_window(window, window_slots, pl, H, D, "prefix length")
     scale = 1 / math.sqrt(D) if scale is None else float(scale)
     threads = torch.get_num_threads() if threads is None else threads
@@ -300,7 +331,8 @@ def paged_prefill_cpu(q:Tensor, # float [T, Hq, D]: the chunks' queries, sequenc
         C = qo[b + 1] - qo[b]
         Q[b, :, :C * G] = qr[qo[b]:qo[b + 1]].reshape(C, H, G, D).transpose(0, 1).reshape(H, C * G, D)
     spans = _spans(pl, window, slots)
-    a = _args(B, H, Gp, D, P, spans, indptr, indices, (window.sinks, window.recent) if window is not None else (0, 0), threads, chunk)
+    a = _args(B, H, Gp, D, P, spans, indptr, indices, (window.sinks, window.recent) if window is not None else (0, 0),
+              threads, chunk)
     o1, l1 = _call(a, Q, k_pages, v_pages, kc, vc, window, torch.empty(items * H * Gp * (D + 2)))
     out, lse = torch.empty(T, H, G, D), torch.empty(T, H, G)
     for b in range(B):
@@ -311,6 +343,7 @@ def paged_prefill_cpu(q:Tensor, # float [T, Hq, D]: the chunks' queries, sequenc
         m = torch.maximum(y1, l2)                               # l2 is finite: a query always sees itself
         w1, w2 = torch.exp(y1 - m), torch.exp(l2 - m)
         o = (x1 * w1[..., None] + o2 * w2[..., None]) / (w1 + w2)[..., None]
-        out[a:e] = o.reshape(H, C, G, D).transpose(0, 1); lse[a:e] = (m + torch.log(w1 + w2)).reshape(H, C, G).transpose(0, 1)
+        out[a:e] = o.reshape(H, C, G, D).transpose(0, 1)
+        lse[a:e] = (m + torch.log(w1 + w2)).reshape(H, C, G).transpose(0, 1)
     o = vc.unrotate(out.reshape(T, H * G, D)).to(q.dtype)
     return (o, lse.reshape(T, H * G)) if return_lse else o

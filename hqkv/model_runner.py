@@ -23,13 +23,15 @@ _RUN = None               # the ModelRunner whose forward is running
 
 def running(): # -> the running `ModelRunner`
     "The `ModelRunner` whose step is running (the attention function and the state layers read it)."
-    if _RUN is None: raise RuntimeError(f"the {STEP_ATTN!r} attention ran outside a ModelRunner step (call ModelRunner.forward)")
+    if _RUN is None:
+        raise RuntimeError(f"the {STEP_ATTN!r} attention ran outside a ModelRunner step (call ModelRunner.forward)")
     return _RUN
 
 # %% ../nbs/40b_model_runner.ipynb #c9a0e141
 class SlidingRings:
     "The last `window` K/V of every lane in each sliding-window layer: a fixed ring per lane, beside the pool."
-    def __init__(self, layers:tuple, window:int, kv_heads:int, head_dim:int, lanes:int, dtype=torch.float32, device=None):
+    def __init__(self, layers:tuple, window:int, kv_heads:int, head_dim:int, lanes:int, dtype=torch.float32,
+                 device=None):
         self.layers, self.window, self.dtype = tuple(layers), window, dtype
         z = lambda: torch.zeros(lanes, window, kv_heads, head_dim, dtype=dtype, device=device)
         self.k, self.v = {l: z() for l in layers}, {l: z() for l in layers}
@@ -49,20 +51,26 @@ class SlidingRings:
     def restore(self, lane:int, saved:tuple):
         for l, t, k, v in saved: self.k[l][lane, t], self.v[l][lane, t] = k, v
 
-    def attend(self, layer:int, step:StepPlan, q:Tensor, k:Tensor, v:Tensor, scale:float, softcap:float|None=None) -> Tensor:
-        "Each chunk attends to its lane's ring and causally to itself (within the window); then the ring keeps the chunk's tail."
+    def attend(self, layer:int, step:StepPlan, q:Tensor, k:Tensor, v:Tensor, scale:float,
+               softcap:float|None=None) -> Tensor:
+        "Each chunk attends to its lane's ring and causally to itself (in the window); the ring keeps its tail."
         W, Kr, Vr = self.window, self.k[layer], self.v[layer]
         out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
         for i in range(len(step)):
             sl, lane, P, n = step.span(i), step.lanes[i], step.pos0[i], step.lens[i]
-            if n == 1:   # a decode token: into its slot first (that slot held position P - W, out of its window), then the ring in place
+            # a decode token: into its slot first (that slot held position P - W, out of its window), then the ring in
+            # place
+            if n == 1:
                 Kr[lane, P % W], Vr[lane, P % W] = k[sl][0].to(self.dtype), v[sl][0].to(self.dtype)
-                m = min(P + 1, W)                                   # slots [0, m) hold positions P-m+1..P, in ring order: attention is order-free
-                out[sl] = gqa_attention(q[sl].float(), Kr[lane, :m].float(), Vr[lane, :m].float(), m - 1, scale, softcap)
+                # slots [0, m) hold positions P-m+1..P, in ring order: attention is order-free
+                m = min(P + 1, W)
+                out[sl] = gqa_attention(q[sl].float(), Kr[lane, :m].float(), Vr[lane, :m].float(), m - 1, scale,
+                                        softcap)
                 continue
             a = max(0, P - W + 1)                                   # the first position any query of the chunk sees
             ring = torch.arange(a, P, device=q.device) % W
-            K, V = torch.cat([Kr[lane, ring], k[sl].to(self.dtype)]).float(), torch.cat([Vr[lane, ring], v[sl].to(self.dtype)]).float()
+            K, V = (torch.cat([Kr[lane, ring], k[sl].to(self.dtype)]).float(),
+                    torch.cat([Vr[lane, ring], v[sl].to(self.dtype)]).float())
             out[sl] = gqa_attention(q[sl].float(), K, V, P, scale, softcap, window=W, K0=a)
             t = torch.arange(max(P, P + n - W), P + n, device=q.device)   # the chunk's last W tokens stay
             Kr[lane, t % W], Vr[lane, t % W] = k[sl][t - P].to(self.dtype), v[sl][t - P].to(self.dtype)
@@ -73,7 +81,8 @@ class LinearStates:
     "Each lane's conv tail and recurrent state in every linear-attention layer: fixed per lane, beside the pool."
     def __init__(self, layers:tuple, lanes:int):
         self.layers, self.lanes = tuple(layers), lanes
-        self.conv: dict = {}   # layer -> [lanes, conv channels, kernel] (allocated at the first write: the module decides the shapes)
+        # layer -> [lanes, conv channels, kernel] (allocated at the first write: the module decides the shapes)
+        self.conv: dict = {}
         self.rec: dict = {}    # layer -> [lanes, heads, k_dim, v_dim]
     def grow(self, lanes:int):
         if lanes <= self.lanes: return
@@ -94,19 +103,21 @@ class LinearStates:
         for d, l, x in saved: d[l][lane] = x
 
 class LaneCache:
-    "The part of transformers' `Cache` a linear-attention layer calls, over some lanes of `LinearStates` (a fresh sequence has none)."
+    "The part of transformers' `Cache` a linear-attention layer calls, over some lanes of `LinearStates` (fresh: none)."
     def __init__(self, states:LinearStates, lanes:Tensor, fresh:bool):
         self.s, self.lanes, self.fresh, self.conv = states, lanes, fresh, None
     def is_recording_past(self, layer_idx:int) -> bool: return False
     def get_conv_state(self, layer_idx:int, state_idx:int=0):
         if self.fresh or layer_idx not in self.s.conv: return None
-        self.conv = self.s.conv[layer_idx][self.lanes]    # a copy: single-token decode updates it in place, `commit` writes it back
+        # a copy: single-token decode updates it in place, `commit` writes it back
+        self.conv = self.s.conv[layer_idx][self.lanes]
         return self.conv
     def get_recurrent_state(self, layer_idx:int, state_idx:int=0):
         if self.fresh or layer_idx not in self.s.rec: return None
         return self.s.rec[layer_idx][self.lanes]
-    def update_conv_state(self, x:Tensor, layer_idx:int, state_idx:int=0, conv_kernel_size:int|None=None, **kw) -> Tensor:
-        "A chunk's conv inputs [b, channels, n]: returns them after the lane's tail (or left zero-padded), keeps the last `kernel`."
+    def update_conv_state(self, x:Tensor, layer_idx:int, state_idx:int=0, conv_kernel_size:int|None=None,
+                          **kw) -> Tensor:
+        "A chunk's conv inputs [b, channels, n], after the lane's tail (or zero-padded); keeps the last `kernel`."
         K = conv_kernel_size or x.shape[-1]
         prev = None if self.fresh or layer_idx not in self.s.conv else self.s.conv[layer_idx][self.lanes]
         full = torch.nn.functional.pad(x, (max(0, K - x.shape[-1]), 0)) if prev is None else torch.cat([prev, x], -1)
@@ -122,7 +133,7 @@ class LaneCache:
         if self.conv is not None: self.s.conv[layer_idx][self.lanes] = self.conv
 
 class LaneStateLayer(nn.Module):
-    "Wraps a linear-attention module: the packed step split per sequence (decode tokens as one batch), each with its lanes' state."
+    "Wraps a linear-attention module: the packed step split per sequence (decodes as one batch), each with its state."
     def __init__(self, inner:nn.Module, layer_idx:int, states:LinearStates):
         super().__init__()
         self.inner, self.layer_idx, self.states = inner, layer_idx, states
@@ -134,20 +145,24 @@ class LaneStateLayer(nn.Module):
         for g in ([dec] if dec else []) + [[i] for i in rest]:
             one = g is not dec
             rows = torch.arange(step.cu[g[0]], step.cu[g[0] + 1]) if one else torch.tensor([step.cu[i] for i in g])
-            c = LaneCache(self.states, torch.tensor([step.lanes[i] for i in g], device=x.device), fresh=one and step.pos0[g[0]] == 0)
-            o = self.inner(x[rows].unsqueeze(0) if one else x[rows].unsqueeze(1), cache=c, attention_mask=None)   # [1, n, H] or [B, 1, H]
+            c = LaneCache(self.states, torch.tensor([step.lanes[i] for i in g], device=x.device),
+                          fresh=one and step.pos0[g[0]] == 0)
+            # [1, n, H] or [B, 1, H]
+            o = self.inner(x[rows].unsqueeze(0) if one else x[rows].unsqueeze(1), cache=c, attention_mask=None)
             c.commit(self.layer_idx)
             out[rows] = o.reshape(-1, o.shape[-1])
         return out[None]
 
 # %% ../nbs/40b_model_runner.ipynb #1033993e
-def step_attention(module, query:Tensor, key:Tensor, value:Tensor, attention_mask, dropout:float=0.0, scaling:float|None=None,
+def step_attention(module, query:Tensor, key:Tensor, value:Tensor, attention_mask, dropout:float=0.0,
+                   scaling:float|None=None,
                    sliding_window:int|None=None, softcap:float|None=None, **kwargs) -> tuple[Tensor, None]:
     "transformers attention function of a `ModelRunner` step: [1, heads, rows, D] packed rows in, [1, rows, Hq, D] out."
     run = running()
     if dropout: raise ValueError(f"hqkv attention is for inference: dropout must be 0, got {dropout}")
     for name in ("s_aux", "position_bias"):
-        if kwargs.get(name) is not None: raise ValueError(f"hqkv attention does not support {name} (layer {module.layer_idx})")
+        if kwargs.get(name) is not None:
+            raise ValueError(f"hqkv attention does not support {name} (layer {module.layer_idx})")
     q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)
     scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
     return run.attend(module.layer_idx, q, k, v, scale, softcap, sliding_window).to(query.dtype)[None], None
@@ -166,31 +181,36 @@ def layer_types(config) -> list:
     return list(getattr(c, "layer_types", None) or ["full_attention"] * c.num_hidden_layers)
 
 class ModelRunner:
-    "Runs a transformers causal LM one packed step at a time: full-attention layers through a `PagedKV`, the others with per-lane state."
-    def __init__(self, lm:LoadedLM, # the model (the runner sets its attention implementation and wraps its linear-attention modules)
+    "Runs a transformers causal LM a packed step at a time: full-attention layers by a `PagedKV`, others per lane."
+    # the model (the runner sets its attention implementation and wraps its linear-attention modules)
+    def __init__(self, lm:LoadedLM,
                  paged:PagedKV): # its pool's layers must be the model's full-attention layers
         model, c = lm.model, text_config(lm.model.config)
         types = layer_types(c)
         bad = sorted(set(types) - set(LAYER_KINDS))
         if bad: raise ValueError(f"{lm.name}: layer types {bad} are not supported (hqkv runs {', '.join(LAYER_KINDS)})")
         full = tuple(i for i, t in enumerate(types) if t == "full_attention")
-        if full != tuple(paged.layers): raise ValueError(f"{lm.name}: the full-attention layers are {full}, the pool's layers are {paged.layers}")
+        if full != tuple(paged.layers):
+            raise ValueError(f"{lm.name}: the full-attention layers are {full}, the pool's layers are {paged.layers}")
         self.lm, self.model, self.paged, self.step, self.saved = lm, model, paged, None, {}
         self.softcap = getattr(c, "attn_logit_softcapping", None)
         if self.softcap is not None and paged.key_profile is not None:
-            raise ValueError(f"{lm.name} soft-caps attention logits ({self.softcap}): a key profile shifts scores by a per-query constant, "
-                             "which soft-capping does not ignore; use key_profile='off'")
+            raise ValueError(f"{lm.name} soft-caps attention logits ({self.softcap}): a key profile shifts scores by a "
+                             "per-query constant, which soft-capping does not ignore; use key_profile='off'")
         if self.softcap is not None and not paged.backend.softcap:
-            raise ValueError(f"{lm.name} soft-caps attention logits ({self.softcap}); the {paged.attn} backend cannot: use attn='gather'")
+            raise ValueError(f"{lm.name} soft-caps attention logits ({self.softcap}); the {paged.attn} backend cannot: "
+                             "use attn='gather'")
         sliding = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
         linear = tuple(i for i, t in enumerate(types) if t == "linear_attention")
         kvh, dt = getattr(c, "num_key_value_heads", None) or c.num_attention_heads, next(model.parameters()).dtype
-        self.rings = SlidingRings(sliding, c.sliding_window, kvh, head_dim_of(c), paged.capacity, dt, paged.pool.device) if sliding else None
+        self.rings = SlidingRings(sliding, c.sliding_window, kvh, head_dim_of(c), paged.capacity, dt,
+                                  paged.pool.device) if sliding else None
         self.linear = LinearStates(linear, paged.capacity) if linear else None
         blocks = model.get_decoder().layers if linear else ()
         for i in linear:
             m = getattr(blocks[i], "linear_attn", None)
-            if m is None: raise ValueError(f"{lm.name}: linear-attention layer {i} has no `linear_attn` module for hqkv to wrap")
+            if m is None:
+                raise ValueError(f"{lm.name}: linear-attention layer {i} has no `linear_attn` module for hqkv to wrap")
             if not isinstance(m, LaneStateLayer): blocks[i].linear_attn = LaneStateLayer(m, i, self.linear)
             else: m.states = self.linear
         register_step_attention()
@@ -199,11 +219,11 @@ class ModelRunner:
     def __repr__(self): return f"ModelRunner({self.lm.name}, {self.paged!r}, state per lane {self.state_bytes:,} B)"
     @property
     def state_bytes(self) -> int:
-        "Fixed bytes per lane outside the pool: sliding rings plus linear-attention states (allocated at the first step)."
+        "Fixed bytes per lane outside the pool: sliding rings plus linear-attention states (allocated at first step)."
         return (self.rings.lane_bytes if self.rings else 0) + (self.linear.lane_bytes if self.linear else 0)
     @property
     def resumable(self) -> bool:
-        "Whether a sequence can start after prefix pages it shares: every layer's state is in the pool (no sliding rings, no linear states)."
+        "Whether a sequence can start after prefix pages it shares: all its state is in the pool (no rings, no linear)."
         return self.rings is None and self.linear is None
 
 # %% ../nbs/40b_model_runner.ipynb #878f1f4b
@@ -216,7 +236,8 @@ def attend(self:ModelRunner, layer:int, q, k, v, scale, softcap=None, sliding_wi
     if li is not None: return self.paged.attend(li, q, k, v, scale, softcap)
     if self.rings is not None and layer in self.rings.k:
         if sliding_window is not None and sliding_window != self.rings.window:
-            raise ValueError(f"layer {layer} asks for a sliding window of {sliding_window}, the rings hold {self.rings.window}")
+            raise ValueError(f"layer {layer} asks for a sliding window of {sliding_window}, the rings hold "
+                             f"{self.rings.window}")
         return self.rings.attend(layer, self.step, q, k, v, scale, softcap)
     raise RuntimeError(f"layer {layer} is neither a pool layer nor a sliding-window layer")
 
@@ -234,12 +255,14 @@ def forward(self:ModelRunner, seq_ids, # the step's sequences (admitted in the r
     step = paged.begin(seq_ids, pos0, ids)
     self.saved = {}
     try:
-        self.saved = {sid: self._save(lane, P, n) for sid, lane, P, n in zip(step.seq_ids, step.lanes, step.pos0, step.lens)}
+        self.saved = {sid: self._save(lane, P, n) for sid, lane, P,
+                      n in zip(step.seq_ids, step.lanes, step.pos0, step.lens)}
         dev = paged.pool.device
         tokens = torch.cat([torch.as_tensor(t, dtype=torch.int64).reshape(-1) for t in ids]).to(dev)
         _RUN, self.step = self, step
         with torch.no_grad():
-            out = self.model(input_ids=tokens[None], position_ids=step.positions[None].to(dev), use_cache=False, logits_to_keep=step.last_rows.to(dev))
+            out = self.model(input_ids=tokens[None], position_ids=step.positions[None].to(dev), use_cache=False,
+                             logits_to_keep=step.last_rows.to(dev))
         paged.end()
     except BaseException:                        # every sequence of the step as before it: the step can run again
         self.undo(list(self.saved)); paged.abort(); raise
@@ -252,7 +275,8 @@ def _save(self:ModelRunner, lane:int, P:int, n:int) -> tuple:
 
 @patch
 def undo(self:ModelRunner, seq_ids):
-    "Put the fixed states of some sequences back as before the last step (a failed one, or one whose tokens the engine could not commit); the pool's part with them."
+    "Put the fixed states of some sequences back as before the last step, and the pool's part with them."
+    # the last step: a failed one, or one whose tokens the engine could not commit
     for sid in seq_ids:
         rings, lin = self.saved.pop(sid, ((), ()))
         lane = self.paged.lanes[sid]
@@ -264,7 +288,7 @@ def undo(self:ModelRunner, seq_ids):
 from .testing import reference_greedy   # transformers' own greedy decoding: the reference the tests compare with
 
 def runner_greedy(run:ModelRunner, prompts:list, n:int, chunk:int=64) -> list:
-    "Greedy continuations of `prompts` run together through `run`: prompts in chunks of `chunk` tokens, then one decode token each per step."
+    "Greedy continuations of `prompts` run together: prompts in chunks of `chunk` tokens, then a decode token per step."
     paged, ids = run.paged, list(range(len(prompts)))
     for i, p in zip(ids, prompts): paged.admit(("greedy", i), p, n)
     done, out = [0] * len(prompts), [[] for _ in prompts]

@@ -32,42 +32,54 @@ class SeqUndo:
 
 # %% ../nbs/40a_pagedkv.ipynb #4db4ca97
 class PagedKV:
-    "Full-attention K/V of a batch of sequences in a `KVPool`: coded pages, the exact window, one attention call per layer and step."
+    "Full-attention K/V of a batch of sequences in a `KVPool`: coded pages, the exact window, attention per layer."
     def __init__(self,
                  pool:KVPool,               # where the pages live (its geometry names the attention layers)
                  seq_ids=(),                # sequences the pool already admitted, attached now
                  window_sinks:int=32,       # kv.window_sinks: first tokens of each sequence also kept exact (bf16)
                  window_recent:int=512,     # kv.window_recent: latest tokens also kept exact; 0/0 disables the window
-                 layers:tuple|None=None,    # model layer index of each pool layer (default: the geometry's attn_layer_ids)
-                 attn:str|None=None,        # 'gather', 'ref', 'triton' or 'cpu' (see the table); default: `default_backend(pool)` ('gather' with decode_reads)
+                 # model layer index of each pool layer (default: the geometry's attn_layer_ids)
+                 layers:tuple|None=None,
+                 # 'gather', 'ref', 'triton' or 'cpu' (see the table); default: `default_backend(pool)` ('gather' with
+                 # decode_reads)
+                 attn:str|None=None,
                  lanes:int=8,               # sequence lanes allocated up front (doubled when they run out)
-                 key_profile=None,          # a `hqkv.keyprofile.KeyProfile`: keys stored as (k - mu) / sigma, queries times sigma
-                 defer_codes:bool=True,     # code decode rows a page at a time from the window (when it holds a page; not with Triton)
-                 decode_reads:bool=False):  # prefill chunks read keys as decode steps would (the quality harness's decode regime); 'gather' only
+                 # a `hqkv.keyprofile.KeyProfile`: keys stored as (k - mu) / sigma, queries times sigma
+                 key_profile=None,
+                 # code decode rows a page at a time from the window (when it holds a page; not with Triton)
+                 defer_codes:bool=True,
+                 # prefill chunks read keys as decode steps would (the quality harness's decode regime); 'gather' only
+                 decode_reads:bool=False):
         if not isinstance(pool, KVPool): raise TypeError(f"pool must be a KVPool, got {type(pool).__name__}")
         for n, x in (("window_sinks", window_sinks), ("window_recent", window_recent), ("lanes", lanes)):
-            if isinstance(x, bool) or not isinstance(x, int) or x < 0: raise ValueError(f"{n} must be a non-negative int, got {x!r}")
+            if isinstance(x, bool) or not isinstance(x, int) or x < 0:
+                raise ValueError(f"{n} must be a non-negative int, got {x!r}")
         g = pool.geometry
         layers = tuple(g.attn_layer_ids) if layers is None else tuple(layers)
         if len(layers) != g.attn_layers or len(set(layers)) != len(layers):
-            raise ValueError(f"layers must name the {g.attn_layers} distinct model layers of the pool's attention layers, got {layers}")
+            raise ValueError(f"layers must name the {g.attn_layers} distinct model layers of the pool's attention "
+                             f"layers, got {layers}")
         backend = get_backend(("gather" if decode_reads else default_backend(pool)) if attn is None else attn)
         backend.check(pool)
-        if key_profile is not None: key_profile.check_geometry(layers, g.kv_heads, g.head_dim); key_profile = key_profile.to(pool.device)
+        if key_profile is not None:
+            key_profile.check_geometry(layers, g.kv_heads, g.head_dim); key_profile = key_profile.to(pool.device)
         self.pool, self.codec, self.backend, self.key_profile = pool, pool.codec, backend, key_profile
         self.k_codecs = tuple(pool.k_codec(i) for i in range(g.attn_layers))   # per pool layer: its keys' codec ...
-        self.v_codecs = tuple(pool.v_codec(i) for i in range(g.attn_layers))   # ... and its values' (one and the same in a one-format pool)
+        # ... and its values' (one and the same in a one-format pool)
+        self.v_codecs = tuple(pool.v_codec(i) for i in range(g.attn_layers))
         self.layers, self.layer_index = layers, {l: i for i, l in enumerate(layers)}
         self.sinks, self.recent = window_sinks, window_recent
         self.decode_reads = decode_reads
         self.defer = bool(defer_codes) and window_recent >= pool.page_tokens and backend.defers_codes
         self.capacity = max(1, lanes)
         self.windows = None if not (window_sinks or window_recent) else [
-            ExactWindow.allocate(self.capacity, g.kv_heads, g.head_dim, window_sinks, window_recent, pool.device) for _ in layers]
+            ExactWindow.allocate(self.capacity, g.kv_heads, g.head_dim, window_sinks, window_recent,
+                                 pool.device) for _ in layers]
         self._free = list(range(self.capacity - 1, -1, -1))
         self.lanes: dict = {}            # seq_id -> lane
         self.admissions: dict = {}       # seq_id -> its pool Admission (when admitted here)
-        self.pending: dict = {}          # seq_id -> first position whose rows wait in the window for their page (defer_codes)
+        # seq_id -> first position whose rows wait in the window for their page (defer_codes)
+        self.pending: dict = {}
         self.step: StepPlan|None = None  # the step being run
         self.last: StepPlan|None = None  # the last finished step (until the next begin), for `undo`
         for s in seq_ids: self.attach(s)
@@ -79,13 +91,15 @@ class PagedKV:
     @decode_reads.setter
     def decode_reads(self, on:bool):
         "Prefill chunks read keys as decode steps would (the quality harness's decode regime): the gather backend only."
-        if on and self.backend.name != "gather": raise ValueError(f"decode_reads needs attn='gather', got {self.backend.name!r}")
+        if on and self.backend.name != "gather":
+            raise ValueError(f"decode_reads needs attn='gather', got {self.backend.name!r}")
         self._decode_reads = bool(on)
     def __len__(self): return len(self.lanes)
     def __contains__(self, seq_id): return seq_id in self.lanes
     def __repr__(self):
         kp = "off" if self.key_profile is None else self.key_profile.tag
-        return f"PagedKV({self.pool!r}, attn={self.attn}, window={self.sinks}+{self.recent}, key_profile={kp}, sequences={len(self)})"
+        return (f"PagedKV({self.pool!r}, attn={self.attn}, window={self.sinks}+{self.recent}, key_profile={kp}, "
+                f"sequences={len(self)})")
     @property
     def window_bytes(self) -> int:
         "Bytes of the exact window (all lanes, all layers)."
@@ -98,7 +112,8 @@ def _take_lane(self:PagedKV) -> int:
         n = self.capacity
         if self.windows is not None:
             grow = lambda t: torch.cat([t, torch.zeros_like(t)])
-            self.windows = [ExactWindow(*(grow(t) for t in (w.k_sink, w.v_sink, w.k_recent, w.v_recent, w.lens))) for w in self.windows]
+            self.windows = [ExactWindow(*(grow(t) for t in (w.k_sink, w.v_sink, w.k_recent, w.v_recent,
+                                                            w.lens))) for w in self.windows]
         self._free, self.capacity = list(range(2 * n - 1, n - 1, -1)), 2 * n
     return self._free.pop()
 
@@ -106,7 +121,8 @@ def _take_lane(self:PagedKV) -> int:
 def attach(self:PagedKV, seq_id:Hashable, admission:Admission|None=None) -> int:
     "Give a sequence the pool has admitted (and nothing has written yet) a lane; returns the lane."
     if seq_id in self.lanes: raise ValueError(f"sequence {seq_id!r} is already attached")
-    if seq_id not in self.pool.alloc: raise ValueError(f"sequence {seq_id!r} is not admitted in the pool (use PagedKV.admit)")
+    if seq_id not in self.pool.alloc:
+        raise ValueError(f"sequence {seq_id!r} is not admitted in the pool (use PagedKV.admit)")
     lane = self._take_lane()
     if self.windows is not None:
         for w in self.windows: w.reset(lane)
@@ -116,7 +132,8 @@ def attach(self:PagedKV, seq_id:Hashable, admission:Admission|None=None) -> int:
 
 @patch
 def admit(self:PagedKV, seq_id:Hashable, prompt_ids, max_new_tokens:int,
-          resume:bool=False) -> Admission: # start after the shared prefix pages: rebuild the window from them (`PagedKV.resume`)
+          # start after the shared prefix pages: rebuild the window from them (`PagedKV.resume`)
+          resume:bool=False) -> Admission:
     "Admit a request in the pool (`PoolFull` if it must wait, ValueError if it never fits) and attach it."
     a = self.pool.admit(seq_id, prompt_ids, max_new_tokens)
     self.attach(seq_id, a)
@@ -130,7 +147,8 @@ def exact_resume(self:PagedKV) -> bool:
 
 @patch
 def resume(self:PagedKV, seq_id:Hashable) -> int:
-    "Make an attached sequence continue after the prefix pages it shares: its window's sinks and latest rows come from those pages; returns where its prefill starts."
+    "Make an attached sequence continue after the prefix pages it shares; returns where its prefill starts."
+    # its window's sinks and latest rows come from those pages
     a, lane = self.admissions.get(seq_id), self.lanes[seq_id]
     U = a.reused_tokens if a is not None else 0
     if not U or self.windows is None: return U
@@ -145,10 +163,12 @@ def resume(self:PagedKV, seq_id:Hashable) -> int:
 @patch
 def release(self:PagedKV, seq_id:Hashable, cancel:bool=False):
     "Return a sequence's pages (finished: full pages cached for prefix reuse; cancelled: all freed) and its lane."
-    if self.step is not None and seq_id in self.step.seq_ids: raise RuntimeError(f"sequence {seq_id!r} is in the running step")
+    if self.step is not None and seq_id in self.step.seq_ids:
+        raise RuntimeError(f"sequence {seq_id!r} is in the running step")
     lane = self.lanes.get(seq_id)
     if lane is None: raise ValueError(f"sequence {seq_id!r} is not attached")
-    (self.pool.cancel if cancel else self.pool.finish)(seq_id)   # rows still in the window lie on its last, partial page: never shared
+    # rows still in the window lie on its last, partial page: never shared
+    (self.pool.cancel if cancel else self.pool.finish)(seq_id)
     del self.lanes[seq_id]; self.admissions.pop(seq_id, None); self.pending.pop(seq_id, None)
     self._free.append(lane)
 
@@ -156,22 +176,27 @@ def release(self:PagedKV, seq_id:Hashable, cancel:bool=False):
 @patch
 def begin(self:PagedKV, seq_ids:Sequence, # the step's sequences (attached), in row order
           pos0:Sequence[int], # where each chunk starts (the tokens the model has seen of the sequence)
-          ids:Sequence, # each chunk's token ids (they key the prefix cache's pages), or just its length (an int: pages not shareable)
+          # each chunk's token ids (they key the prefix cache's pages), or just its length (an int: pages not shareable)
+          ids:Sequence,
          ) -> StepPlan:
     "Plan a step: grow each sequence in the pool by the tokens it does not hold yet, and build what every layer reuses."
     if self.step is not None: raise RuntimeError("PagedKV.begin: a step is already running (end it first)")
     chunks = [t if isinstance(t, int) else torch.as_tensor(t).reshape(-1) for t in ids]
     lens = [c if isinstance(c, int) else len(c) for c in chunks]
     if not (len(seq_ids) == len(pos0) == len(chunks)) or not chunks:
-        raise ValueError(f"a step needs one start and one chunk per sequence, got {len(seq_ids)} sequences, {len(pos0)} starts, {len(chunks)} chunks")
+        raise ValueError(f"a step needs one start and one chunk per sequence, got {len(seq_ids)} sequences, "
+                         f"{len(pos0)} starts, {len(chunks)} chunks")
     if len(set(seq_ids)) != len(seq_ids): raise ValueError("the same sequence appears twice in one step")
     pool = self.pool
     for sid, p0, n in zip(seq_ids, pos0, lens):
         if sid not in self.lanes: raise ValueError(f"sequence {sid!r} is not attached (admit / attach)")
         if n < 1: raise ValueError(f"sequence {sid!r}: an empty chunk")
         have, bound = pool.length(sid), pool.alloc.bound(sid)
-        if p0 > have: raise RuntimeError(f"sequence {sid!r} starts a chunk at {p0} but the pool holds only {have} of its tokens")
-        if p0 + n > bound: raise ValueError(f"sequence {sid!r}: {p0} + {n} tokens exceed its reservation of {bound} (prompt + max_new_tokens)")
+        if p0 > have:
+            raise RuntimeError(f"sequence {sid!r} starts a chunk at {p0} but the pool holds only {have} of its tokens")
+        if p0 + n > bound:
+            raise ValueError(f"sequence {sid!r}: {p0} + {n} tokens exceed its reservation of {bound} (prompt "
+                             "+ max_new_tokens)")
     cu = [0]
     for n in lens: cu.append(cu[-1] + n)
     undo = tuple(self._undo_for(sid, int(p0), n) for sid, p0, n in zip(seq_ids, pos0, lens))
@@ -180,15 +205,18 @@ def begin(self:PagedKV, seq_ids:Sequence, # the step's sequences (attached), in 
         m = p0 + n - pool.length(sid)          # tokens the pool does not hold yet
         if m <= 0: continue
         start = pool.append(sid, m, token_ids=None if isinstance(c, int) else c[n - m:])
-        if self.defer and n == 1 and p0 and (start + 1) % pt:      # a decode row inside its page: it waits in the window
+        # a decode row inside its page: it waits in the window
+        if self.defer and n == 1 and p0 and (start + 1) % pt:
             self.pending.setdefault(sid, start); continue
         a = self.pending.pop(sid, None)
         if a is not None: flush.append((self.lanes[sid], a, start, pool.write_slots(sid, a, start - a)))
         slots.append(pool.write_slots(sid, start, m)); rows.append(torch.arange(cu[i] + n - m, cu[i + 1]))
     dev = pool.device
-    step = StepPlan(tuple(seq_ids), tuple(self.lanes[s] for s in seq_ids), tuple(int(p) for p in pos0), tuple(lens), tuple(cu),
+    step = StepPlan(tuple(seq_ids), tuple(self.lanes[s] for s in seq_ids), tuple(int(p) for p in pos0), tuple(lens),
+                    tuple(cu),
                     torch.cat([torch.arange(p, p + n) for p, n in zip(pos0, lens)]),
-                    torch.cat(rows).to(dev) if rows else None, torch.cat(slots) if slots else None, tuple(flush), undo=undo)
+                    torch.cat(rows).to(dev) if rows else None, torch.cat(slots) if slots else None, tuple(flush),
+                    undo=undo)
     self.step, self.last = step, None
     try: step.attn = self.backend.plan(self, step)
     except BaseException: self.abort(); raise
@@ -196,14 +224,15 @@ def begin(self:PagedKV, seq_ids:Sequence, # the step's sequences (attached), in 
 
 @patch
 def _undo_for(self:PagedKV, sid, P:int, n:int) -> SeqUndo:
-    "What a chunk of n tokens at position P will overwrite in the sequence's lane (ring rows it pushes out of every layer's window)."
+    "What a chunk of n tokens at position P will overwrite in the sequence's lane (ring rows pushed out of windows)."
     lane, ring = self.lanes[sid], []
     if self.windows is not None and self.recent:
         S, R = self.sinks, self.recent
         a = max(P, S, P + n - R)
         while a < P + n:                        # at most two contiguous segments of the ring
             j = a % R; m = min(P + n - a, R - j)
-            ring += [(li, j, w.k_recent[lane, j:j + m].clone(), w.v_recent[lane, j:j + m].clone()) for li, w in enumerate(self.windows)]
+            ring += [(li, j, w.k_recent[lane, j:j + m].clone(), w.v_recent[lane, j:j + m].clone()) for li,
+                     w in enumerate(self.windows)]
             a += m
     return SeqUndo(sid, lane, self.pool.length(sid), self.pending.get(sid), P, tuple(ring))
 
@@ -218,16 +247,18 @@ def _flush(self:PagedKV, li:int, step:StepPlan):
 
 @patch
 def attend(self:PagedKV, li:int, # pool layer (0 .. attn_layers-1; `layer_index` maps a model layer to it)
-           q:Tensor, k:Tensor, v:Tensor, # [rows, Hq, D], [rows, kv_heads, D] x2: the step's packed queries and new K/V (post-RoPE)
+           # [rows, Hq, D], [rows, kv_heads, D] x2: the step's packed queries and new K/V (post-RoPE)
+           q:Tensor, k:Tensor, v:Tensor,
            scale:float, softcap:float|None=None) -> Tensor: # [rows, Hq, D] in q's dtype
-    "Run pool layer `li` for the whole step: store the new rows, then attend over pages, window and the chunks themselves."
+    "Run pool layer `li` for the whole step: store the new rows, attend over pages, window and the chunks themselves."
     st = self.step
     if st is None: raise RuntimeError("PagedKV.attend: no step is running (begin one)")
     if li != st.layers_done: raise RuntimeError(f"pool layer {li} attended, but the step is at layer {st.layers_done}")
     if q.shape[0] != st.rows or k.shape[0] != st.rows or v.shape != k.shape:
         raise ValueError(f"the step has {st.rows} rows, got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     if softcap is not None and not self.backend.softcap:
-        raise ValueError(f"the {self.attn} attention backend has no logit soft-capping (softcap={softcap}); use attn='gather'")
+        raise ValueError(f"the {self.attn} attention backend has no logit soft-capping (softcap={softcap}); "
+                         "use attn='gather'")
     if self.key_profile is not None:   # scores change by q . mu, a constant per query: softmax does not see it
         q, k = self.key_profile.apply_query(li, q).to(q.dtype), self.key_profile.apply_keys(li, k).to(k.dtype)
     if st.flush: self._flush(li, st)
@@ -238,11 +269,12 @@ def attend(self:PagedKV, li:int, # pool layer (0 .. attn_layers-1; `layer_index`
 
 @patch
 def end(self:PagedKV) -> StepPlan:
-    "Close the running step (every pool layer must have run); it can still be undone per sequence (`undo`) until the next `begin`."
+    "Close the running step (every pool layer must have run); `undo` can still undo a sequence until the next `begin`."
     st = self.step
     if st is None: raise RuntimeError("PagedKV.end: no step is running")
     if st.layers_done != len(self.layers):
-        self.abort(); raise RuntimeError(f"the model ran {st.layers_done} of the {len(self.layers)} full-attention layers")
+        self.abort()
+        raise RuntimeError(f"the model ran {st.layers_done} of the {len(self.layers)} full-attention layers")
     self.step, self.last = None, st
     return st
 
@@ -254,11 +286,12 @@ def _put_back(self:PagedKV, u:SeqUndo):
     else: self.pending[u.seq_id] = u.pending
     if self.windows is not None:
         for w in self.windows: w.lens[u.lane] = u.window_len
-        for li, j, k, v in u.ring: self.windows[li].k_recent[u.lane, j:j + len(k)], self.windows[li].v_recent[u.lane, j:j + len(k)] = k, v
+        for li, j, k, v in u.ring:
+            self.windows[li].k_recent[u.lane, j:j + len(k)], self.windows[li].v_recent[u.lane, j:j + len(k)] = k, v
 
 @patch
 def abort(self:PagedKV):
-    "Undo the running step after a failure: every sequence of it is as before `begin` (rows written past its length are never read)."
+    "Undo the running step after a failure: each of its sequences as before `begin` (rows past its length unread)."
     st, self.step = self.step, None
     if st is not None:
         for u in st.undo: self._put_back(u)
@@ -290,12 +323,14 @@ class SeqKV:
             p.begin([self.seq_id], [int(pos[0])], [len(pos)])
         st = p.step
         if st.seq_ids != (self.seq_id,) or (st.pos0[0], st.lens[0]) != (int(pos[0]), len(pos)):
-            raise RuntimeError(f"sequence {self.seq_id!r} at positions {int(pos[0])}..+{len(pos)}: the running step is {st.seq_ids} at {st.pos0}..+{st.lens}")
+            raise RuntimeError(f"sequence {self.seq_id!r} at positions {int(pos[0])}..+{len(pos)}: the running step is "
+                               f"{st.seq_ids} at {st.pos0}..+{st.lens}")
         try: o = p.attend(li, q, k, v, scale)
         except BaseException: p.abort(); raise
         if st.layers_done == len(p.layers): p.end()
         return o
-    def __repr__(self): return f"SeqKV({self.seq_id!r}, lane={self.paged.lanes.get(self.seq_id)}, {self.paged.pool.kv_format})"
+    def __repr__(self):
+        return f"SeqKV({self.seq_id!r}, lane={self.paged.lanes.get(self.seq_id)}, {self.paged.pool.kv_format})"
 
 @patch
 def view(self:PagedKV, seq_id:Hashable) -> SeqKV:

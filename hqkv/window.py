@@ -17,7 +17,7 @@ __all__ = ['window_put', 'window_into', 'window_rows', 'decode_span', 'decode_re
 # %% ../nbs/35_window.ipynb #b0a3ab1a
 def window_put(w:ExactWindow, lane:int, P:int, # a lane and the position of the first row
                kr:Tensor, vr:Tensor): # float [n, kv_heads, D], already in the codecs' domains
-    "Append positions P..P+n-1 of one lane: sinks below `w.sinks`, the latest `w.recent` in the ring (as `ExactWindow.append`)."
+    "Append positions P..P+n-1 of a lane: sinks below `w.sinks`, the latest `w.recent` in the ring (as `append`)."
     S, R, n = w.sinks, w.recent, kr.shape[0]
     e = P + n
     if P < S:
@@ -32,10 +32,12 @@ def window_put(w:ExactWindow, lane:int, P:int, # a lane and the position of the 
 
 def window_into(w:ExactWindow, lane:int, a:int, b:int, K:Tensor, V:Tensor,
                 L:int|None=None): # the lane's length when the caller knows it (saves reading it back from the tensor)
-    "Copy positions [a, b) of one lane, as the window holds them, into rows 0..b-a of K and V (each position must still be a sink or in the ring)."
+    "Copy positions [a, b) of a lane, as the window holds them, to rows 0..b-a of K and V (sinks or in the ring)."
     S, R = w.sinks, w.recent
     if L is None: L = int(w.lens[lane])
-    if a < 0 or b > L or max(a, S) < min(b, L - R): raise ValueError(f"window_rows: positions [{a}, {b}) are not all held (lane holds {L} tokens, {S} sinks + {R} recent)")
+    if a < 0 or b > L or max(a, S) < min(b, L - R):
+        raise ValueError(f"window_rows: positions [{a}, {b}) are not all held (lane holds {L} tokens, {S} "
+                         f"sinks + {R} recent)")
     if a < S: m = min(b, S) - a; K[:m], V[:m] = w.k_sink[lane, a:a + m], w.v_sink[lane, a:a + m]
     p = max(a, S)
     while p < b:                               # at most two slices of the ring
@@ -50,13 +52,17 @@ def window_rows(w:ExactWindow, lane:int, a:int, b:int) -> tuple[Tensor, Tensor]:
 
 # %% ../nbs/35_window.ipynb #70bac68f
 def decode_span(P:int, n:int, S:int, R:int) -> tuple[int, int]:
-    "Positions [lo, hi) that a decode step would read from the codes for some query of a chunk of n tokens at P, where the chunk's prefill reads them exact (window: S sinks, R recent; 0, 0 without one)."
+    "Positions [lo, hi) a query of a chunk of n tokens at P would read coded as a decode step, exact in prefill."
+    # window: S sinks, R recent; 0, 0 without one
     s = min(S, P)
     lo = max(max(s, P - R) if R else P, S)
     return lo, max(lo, P + n - 1 - R)
 
 def decode_reads(P:int, n:int, lo:int, hi:int, R:int, device=None) -> Tensor: # bool [n, P + n + hi - lo]
-    "What each query of a chunk at P reads as a decode step would. Columns [0, P + n): the prefix as the chunk's prefill sees it (exact from `lo` on) and the chunk; then the coded rows of positions [lo, hi). A query at p reads keys older than p - R (past the sinks) from the codes, the rest exact."
+    "What each query of a chunk at P reads as a decode step would: a mask over the prefix, the chunk, then coded rows."
+    # columns [0, P + n): the prefix as the chunk's prefill sees it (exact from `lo` on) and the chunk; then the coded
+    # rows of positions [lo, hi). A query at p reads keys older than p - R (past the sinks) from the codes, the rest
+    # exact.
     qp = P + torch.arange(n, device=device)[:, None]
     kb, kx = torch.arange(P + n, device=device)[None], torch.arange(lo, hi, device=device)[None]
     return torch.cat([(kb <= qp) & ((kb < lo) | (kb >= qp - R)), kx < qp - R], 1)
