@@ -341,20 +341,12 @@ class HQKVCache(Cache):
     def __init__(self, model, # a transformers model, or its config object
                  kv_format:str="hq-e8-2b", # any registered format (`hqkv.codec.list_codecs()`)
                  window_sinks:int=32, window_recent:int=512, # kv.window_sinks, kv.window_recent: kept exact (bf16)
-                 # "auto" (the model's profile from `hqkv calibrate`, rotated formats), "off", a file, or a `KeyProfile`
-                 key_profile="auto",
-                 # some full-attention layers' keys in their own format: {layer index: format} or '5=tbq3,11=tbq3'
-                 key_formats=None,
-                 value_formats=None, # ... and values, the same way
-                 # a prompt chunk's queries read keys as decode steps would (the quality harness's decode regime; paged
-                 # path)
-                 decode_reads:bool=False,
-                 # "auto": the key profile's calibrated per-(layer, K/V) formats for kv_format, unless
-                 # key_formats/value_formats are given; "off"
-                 bit_plan:str="auto",
-                 # passed to `get_codec` for kv_format, e.g. allow=True for tbq3 (a format named in key_formats is asked
-                 # for)
-                 **codec_opts):
+                 key_profile="auto",      # "auto" (the model's, from `hqkv calibrate`), "off", a file or a `KeyProfile`
+                 key_formats=None,        # full-attention layers' keys in their own format: {layer: format} or '5=tbq3'
+                 value_formats=None,      # ... and values, the same way
+                 decode_reads:bool=False, # chunks read keys as decode steps would (the quality harness; paged path)
+                 bit_plan:str="auto",     # "auto": the profile's per-(layer, K/V) formats unless formats given; "off"
+                 **codec_opts):           # `get_codec` options for kv_format (allow=True for tbq3)
         cfg = model.config if isinstance(model, PreTrainedModel) else model
         if not isinstance(cfg, PretrainedConfig):
             raise TypeError(f"HQKVCache expects a transformers model or config, got {type(model).__name__}")
@@ -419,11 +411,10 @@ class HQKVCache(Cache):
     @property
     def nbytes(self)->int: return cache_nbytes(self)
     def __repr__(self):
-        kf = "".join(f", layer {l} keys {f}" for l,
-                     f in self.key_formats.items()) + "".join(f", layer {l} values {f}" for l,
-                                                              f in self.value_formats.items())
-        return (f"HQKVCache({self.codec.name}{kf}, {len(self.hqkv_layers)} of {len(self.layers)} layers coded, window "
-                f"{self.window_sinks}+{self.window_recent}, key profile "
+        kf = ("".join(f", layer {l} keys {f}" for l, f in self.key_formats.items())
+              + "".join(f", layer {l} values {f}" for l, f in self.value_formats.items()))
+        return (f"HQKVCache({self.codec.name}{kf}, {len(self.hqkv_layers)} of {len(self.layers)} layers coded, "
+                f"window {self.window_sinks}+{self.window_recent}, key profile "
                 f"{'on' if self.key_profile is not None else 'off'}, "
                 f"seq_len={self.get_seq_length(self.hqkv_layers[0])})")
 

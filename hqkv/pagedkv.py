@@ -231,8 +231,8 @@ def _undo_for(self:PagedKV, sid, P:int, n:int) -> SeqUndo:
         a = max(P, S, P + n - R)
         while a < P + n:                        # at most two contiguous segments of the ring
             j = a % R; m = min(P + n - a, R - j)
-            ring += [(li, j, w.k_recent[lane, j:j + m].clone(), w.v_recent[lane, j:j + m].clone()) for li,
-                     w in enumerate(self.windows)]
+            ring += [(li, j, w.k_recent[lane, j:j + m].clone(), w.v_recent[lane, j:j + m].clone())
+                     for li, w in enumerate(self.windows)]
             a += m
     return SeqUndo(sid, lane, self.pool.length(sid), self.pending.get(sid), P, tuple(ring))
 

@@ -277,8 +277,8 @@ class CacheLayout:
     def mixed(self) -> bool: return bool(self.key_formats or self.value_formats)
     def row_bytes(self) -> tuple:
         "(key row bytes, value row bytes) of each layer."
-        return tuple((row_bytes(k, self.head_dim), row_bytes(v, self.head_dim)) for k,
-                     v in zip(self.k_formats, self.v_formats))
+        return tuple((row_bytes(k, self.head_dim), row_bytes(v, self.head_dim))
+                     for k, v in zip(self.k_formats, self.v_formats))
     def bytes_per_token(self, kv_heads:int) -> int: return kv_heads * sum(a + b for a, b in self.row_bytes())
     def describe(self) -> str:
         "The overrides as plan lines show them: ' key_formats=5:tbq3,11:tbq3 value_formats=17:tbq2' ('': one format)."

@@ -149,8 +149,8 @@ def weight_bytes(model:nn.Module) -> int:
     return n
 
 def _linears(model):
-    return [(m, n, c, f"{pn}.{n}".lstrip(".")) for pn, m in model.named_modules() for n,
-            c in m.named_children() if type(c) is nn.Linear]
+    return [(m, n, c, f"{pn}.{n}".lstrip(".")) for pn, m in model.named_modules()
+            for n, c in m.named_children() if type(c) is nn.Linear]
 
 def int8_refusal(model:nn.Module) -> str|None: # None: int8 (and int4) weights apply
     "Why `model`'s linear layers cannot be int8 or int4 (a sentence), or None."
