@@ -183,6 +183,7 @@ def admit(self:PageAllocator,
     self.reused_tokens_total += s.length; self.admissions_total += 1
     return Admission(seq_id, s.length, len(pages), need, bound)
 
+# %% ../nbs/20_allocator.ipynb #cbcbfcf1
 @patch
 def try_admit(self:PageAllocator, seq_id:Hashable, prompt_ids, max_new_tokens:int) -> Admission|None:
     "`admit`, but None instead of `PoolFull` when the request must wait."
@@ -300,6 +301,7 @@ def check_writable(self:PageAllocator, seq_id:Hashable, start:int, n:int):
             raise RuntimeError(f"page {p} of sequence {seq_id!r} is shared (refcount {self._ref[p]}): refusing to "
                                "write it")
 
+# %% ../nbs/20_allocator.ipynb #aecf19c1
 @patch
 def slots(self:PageAllocator, seq_id:Hashable, start:int, n:int) -> list[int]:
     "Flat slot (page * page_tokens + offset) of each position in [start, start+n) of a sequence."

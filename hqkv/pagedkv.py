@@ -117,6 +117,7 @@ def _take_lane(self:PagedKV) -> int:
         self._free, self.capacity = list(range(2 * n - 1, n - 1, -1)), 2 * n
     return self._free.pop()
 
+# %% ../nbs/40a_pagedkv.ipynb #f5383c0e
 @patch
 def attach(self:PagedKV, seq_id:Hashable, admission:Admission|None=None) -> int:
     "Give a sequence the pool has admitted (and nothing has written yet) a lane; returns the lane."
@@ -130,6 +131,7 @@ def attach(self:PagedKV, seq_id:Hashable, admission:Admission|None=None) -> int:
     if admission is not None: self.admissions[seq_id] = admission
     return lane
 
+# %% ../nbs/40a_pagedkv.ipynb #d1b4e2de
 @patch
 def admit(self:PagedKV, seq_id:Hashable, prompt_ids, max_new_tokens:int,
           # start after the shared prefix pages: rebuild the window from them (`PagedKV.resume`)
@@ -140,11 +142,13 @@ def admit(self:PagedKV, seq_id:Hashable, prompt_ids, max_new_tokens:int,
     if resume: self.resume(seq_id)
     return a
 
+# %% ../nbs/40a_pagedkv.ipynb #554294e3
 @patch(as_prop=True)
 def exact_resume(self:PagedKV) -> bool:
     "Whether a window rebuilt from pages holds what the window held: no window, or bf16 pages (the window's own rows)."
     return self.windows is None or all(c.name == "bf16" for c in (*self.k_codecs, *self.v_codecs))
 
+# %% ../nbs/40a_pagedkv.ipynb #6cfff6d8
 @patch
 def resume(self:PagedKV, seq_id:Hashable) -> int:
     "Make an attached sequence continue after the prefix pages it shares; returns where its prefill starts."
@@ -160,6 +164,7 @@ def resume(self:PagedKV, seq_id:Hashable) -> int:
         w.lens[lane] = U
     return U
 
+# %% ../nbs/40a_pagedkv.ipynb #e3148153
 @patch
 def release(self:PagedKV, seq_id:Hashable, cancel:bool=False):
     "Return a sequence's pages (finished: full pages cached for prefix reuse; cancelled: all freed) and its lane."
@@ -222,6 +227,7 @@ def begin(self:PagedKV, seq_ids:Sequence, # the step's sequences (attached), in 
     except BaseException: self.abort(); raise
     return step
 
+# %% ../nbs/40a_pagedkv.ipynb #54cd81a0
 @patch
 def _undo_for(self:PagedKV, sid, P:int, n:int) -> SeqUndo:
     "What a chunk of n tokens at position P will overwrite in the sequence's lane (ring rows pushed out of windows)."
@@ -245,6 +251,7 @@ def _flush(self:PagedKV, li:int, step:StepPlan):
     k, v = kc.unrotate(torch.cat([g[0] for g in got]).float()), vc.unrotate(torch.cat([g[1] for g in got]).float())
     self.backend.store(self, li, k, v, torch.cat([s for *_, s in step.flush]))
 
+# %% ../nbs/40a_pagedkv.ipynb #a7daa88c
 @patch
 def attend(self:PagedKV, li:int, # pool layer (0 .. attn_layers-1; `layer_index` maps a model layer to it)
            # [rows, Hq, D], [rows, kv_heads, D] x2: the step's packed queries and new K/V (post-RoPE)
@@ -267,6 +274,7 @@ def attend(self:PagedKV, li:int, # pool layer (0 .. attn_layers-1; `layer_index`
     st.layers_done += 1
     return o.to(q.dtype)
 
+# %% ../nbs/40a_pagedkv.ipynb #132de27e
 @patch
 def end(self:PagedKV) -> StepPlan:
     "Close the running step (every pool layer must have run); `undo` can still undo a sequence until the next `begin`."
@@ -278,6 +286,7 @@ def end(self:PagedKV) -> StepPlan:
     self.step, self.last = None, st
     return st
 
+# %% ../nbs/40a_pagedkv.ipynb #109343d9
 @patch
 def _put_back(self:PagedKV, u:SeqUndo):
     "Undo one sequence's part of a step: pool length, deferred rows, window length and the ring rows it overwrote."
@@ -289,6 +298,7 @@ def _put_back(self:PagedKV, u:SeqUndo):
         for li, j, k, v in u.ring:
             self.windows[li].k_recent[u.lane, j:j + len(k)], self.windows[li].v_recent[u.lane, j:j + len(k)] = k, v
 
+# %% ../nbs/40a_pagedkv.ipynb #d6eb5e15
 @patch
 def abort(self:PagedKV):
     "Undo the running step after a failure: each of its sequences as before `begin` (rows past its length unread)."
@@ -296,6 +306,7 @@ def abort(self:PagedKV):
     if st is not None:
         for u in st.undo: self._put_back(u)
 
+# %% ../nbs/40a_pagedkv.ipynb #1f3707cd
 @patch
 def undo(self:PagedKV, seq_ids):
     "Undo the last finished step for some of its sequences (the engine could not commit their tokens)."
@@ -332,6 +343,7 @@ class SeqKV:
     def __repr__(self):
         return f"SeqKV({self.seq_id!r}, lane={self.paged.lanes.get(self.seq_id)}, {self.paged.pool.kv_format})"
 
+# %% ../nbs/40a_pagedkv.ipynb #6ebb13a3
 @patch
 def view(self:PagedKV, seq_id:Hashable) -> SeqKV:
     "The `GlobalKV` of an attached sequence, for the own Gemma 3 forward."

@@ -160,16 +160,19 @@ def codec_for(self:KVPool, fmt:str) -> Codec:
                              "e.g. {'tbq3': {'allow': True}}") from None
     return self._codecs[fmt]
 
+# %% ../nbs/20_pool.ipynb #075c3ca4
 @patch(as_prop=True)
 def codec(self:KVPool) -> Codec:
     "The codec of `kv_format`: every value, and the keys of layers without a key format of their own."
     return self.codec_for(self.kv_format)
 
+# %% ../nbs/20_pool.ipynb #6a3ebaa2
 @patch
 def k_codec(self:KVPool, layer:int) -> Codec:
     "The codec of attention layer `layer`'s keys."
     return self.codec_for(self.formats[self._layer(layer)][0])
 
+# %% ../nbs/20_pool.ipynb #a0fda9f5
 @patch
 def v_codec(self:KVPool, layer:int) -> Codec:
     "The codec of attention layer `layer`'s values."
@@ -212,21 +215,25 @@ def finish(self:KVPool, seq_id:Hashable):
     "Release a finished request (its full pages stay cached for prefix reuse)."
     self.alloc.finish(seq_id)
 
+# %% ../nbs/20_pool.ipynb #e5dc43b9
 @patch
 def cancel(self:KVPool, seq_id:Hashable):
     "Release a cancelled request (its unsealed pages are freed, not cached)."
     self.alloc.cancel(seq_id)
 
+# %% ../nbs/20_pool.ipynb #2948b16b
 @patch
 def evict(self:KVPool, n_pages:int|None=None) -> int:
     "Evict retained pages, least recently used first; returns how many."
     return self.alloc.evict(n_pages)
 
+# %% ../nbs/20_pool.ipynb #d707b3e1
 @patch
 def lookup(self:KVPool, prompt_ids) -> int:
     "Prompt tokens a request would reuse now."
     return self.alloc.lookup(prompt_ids)
 
+# %% ../nbs/20_pool.ipynb #3a16bfa4
 @patch
 def length(self:KVPool, seq_id:Hashable) -> int: return self.alloc.length(seq_id)
 
@@ -254,6 +261,7 @@ def write_slots(self:KVPool, seq_id:Hashable, start_pos:int, n:int) -> Tensor:
     self.alloc.check_writable(seq_id, start_pos, n)
     return torch.tensor(self.alloc.slots(seq_id, start_pos, n), dtype=torch.int64, device=self.device)
 
+# %% ../nbs/20_pool.ipynb #1a832243
 @patch
 def write(self:KVPool,
           seq_id:Hashable,   # an admitted sequence
@@ -312,6 +320,7 @@ def metrics(self:KVPool) -> dict[str, int]:
     "The pool's gauges and counters by their Prometheus names."
     return {name: f(self) for name, _, _, f in _METRICS}
 
+# %% ../nbs/20_pool.ipynb #1dad91f4
 @patch(as_prop=True)
 def registry(self:KVPool):
     "A `prometheus_client.CollectorRegistry` of this pool's own (mount it on the server's /metrics)."
@@ -321,12 +330,14 @@ def registry(self:KVPool):
         self._registry.register(_PoolCollector(self))
     return self._registry
 
+# %% ../nbs/20_pool.ipynb #9d043928
 @patch
 def prometheus_text(self:KVPool) -> str:
     "The metrics in Prometheus' text exposition format."
     from prometheus_client import generate_latest
     return generate_latest(self.registry).decode()
 
+# %% ../nbs/20_pool.ipynb #a0ead5d7
 @patch
 def plan_line(self:KVPool) -> str:
     "The `hqkv.runtime.vram_plan` line the engine logs at load."

@@ -19,6 +19,7 @@ def _check_pow2(n:int, what:str="dim"):
     if not isinstance(n, int) or n < 1 or n & (n - 1):
         raise ValueError(f"{what} must be a power of two (64, 128, 256, ...), got {n!r}")
 
+# %% ../nbs/01_rotation.ipynb #5105db78
 def fwht(x:Tensor, # float tensor [..., n], n a power of two
         )->Tensor: # H x / sqrt(n) along the last dim, same shape, dtype and device as `x`
     "Orthonormal fast Walsh-Hadamard transform along the last dimension (float32 arithmetic)."

@@ -47,6 +47,7 @@ class Request:
         return (f"Request({self.id}, {self.status}, prompt={len(self.prompt_ids)}, out={len(self.output_ids)}, "
                 f"{self.finish_reason})")
 
+# %% ../nbs/41a_scheduler.ipynb #6d8b41c3
 @dataclass(slots=True)
 class Work:
     "One request's part of a step: `tokens` fed to the model at positions `pos0`..."

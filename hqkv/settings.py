@@ -40,6 +40,7 @@ class Setting:
     @property
     def name(self) -> str: return self.key.split(".")[1]
 
+# %% ../nbs/41c_settings.ipynb #bb80d45b
 SETTINGS = (
     Setting("model", "model.path", "str", DEFAULT_MODEL, "--model",
             "the bundled model, a packaged test model (smollm2-135m, qwen2.5-coder-0.5b), a .gguf file or a "
@@ -109,6 +110,7 @@ def _int(name, x, lo):
     if isinstance(x, bool) or not isinstance(x, int): raise TypeError(f"{name} must be an int, got {x!r}")
     if x < lo: raise ValueError(f"{name} must be >= {lo}, got {x}")
 
+# %% ../nbs/41c_settings.ipynb #62a01e53
 class _Checks:
     "What every `EngineConfig` is checked against when it is made."
     def __post_init__(self):
@@ -196,10 +198,12 @@ def _read_config(config):
     try: return tomllib.loads(p.read_text()), str(p)
     except tomllib.TOMLDecodeError as e: raise ValueError(f"config file {p} is not valid TOML: {e}") from None
 
+# %% ../nbs/41c_settings.ipynb #6bfd24df
 def _kind(v):
     return {str: "a string", bool: "a boolean", float: "a float", list: "a list", dict: "a table",
             int: "an integer"}.get(type(v), type(v).__name__)
 
+# %% ../nbs/41c_settings.ipynb #25a679fd
 def _from_file(s:Setting, x, where:str):
     "A config-file value of the type its setting takes, or a TypeError naming the file, the key and what was there."
     ok = {"int": lambda: isinstance(x, int) and not isinstance(x, bool), "str": lambda: isinstance(x, str),
@@ -212,6 +216,7 @@ def _from_file(s:Setting, x, where:str):
     if not ok: raise TypeError(f"{where}: expected {want}, got {x!r} ({_kind(x)})")
     return x
 
+# %% ../nbs/41c_settings.ipynb #acb21a32
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 def _from_text(s:Setting, text:str, where:str):
@@ -279,10 +284,12 @@ def add_settings(p:argparse.ArgumentParser,
         p.add_argument(s.flag, **kw)
     p.add_argument("--config", help="a TOML config file ([model] [vram] [engine] [kv]; default: $HQKV_CONFIG)")
 
+# %% ../nbs/41c_settings.ipynb #90a3e766
 def settings_flags(args:argparse.Namespace) -> dict:
     "The engine settings given on the command line, by field (the ones not given are left out)."
     return {s.field: getattr(args, s.field) for s in SETTINGS if getattr(args, s.field, None) is not None}
 
+# %% ../nbs/41c_settings.ipynb #7aca47b5
 def config_from_args(args:argparse.Namespace, env:Mapping|None=None, **fixed) -> EngineConfig:
     "`EngineConfig.resolve` of a command's flags (`fixed` values beat them) over the environment and `--config`."
     flags = settings_flags(args)

@@ -36,6 +36,7 @@ def _check_int(what:str, v, lo:int=0):
     if isinstance(v, bool) or not isinstance(v, int): raise TypeError(f"{what} must be an int, got {v!r}")
     if v < lo: raise ValueError(f"{what} must be >= {lo}, got {v}")
 
+# %% ../nbs/00_sizing.ipynb #7b9ba658
 @dataclass(slots=True, frozen=True)
 class Geometry:
     "The shape of a model's attention, as far as its KV cache is concerned."
@@ -130,6 +131,7 @@ def _qwen35_27b():
                     note="Qwen/Qwen3.5-27B config.json: 64 layers, full_attention_interval 4, 4 KV heads x 256; "
                     "48 Gated DeltaNet layers (48 v / 16 k heads x 128, conv 4, fp32 state)")
 
+# %% ../nbs/00_sizing.ipynb #2c9bee53
 GEOMETRIES: dict[str, Geometry] = {g.name: g for g in (
     _qwen35_27b(),
     Geometry("llama-3.1-8b", layers=32, attn_layers=32, kv_heads=8, head_dim=128,
@@ -175,10 +177,12 @@ class Rate:
     def bits_per_value(self) -> float: return self.nbytes * 8 / self.values
     def __str__(self): return self.name or f"{self.nbytes}B/{self.values}"
 
+# %% ../nbs/00_sizing.ipynb #3e92628b
 def format_name(fmt) -> str:
     "The name tables and plan lines show for `fmt` (a registry name or a `Rate`)."
     return str(fmt)
 
+# %% ../nbs/00_sizing.ipynb #23e68665
 def row_bytes(fmt,          # a registered format name ("hq-e8-2b") or a `Rate`
               head_dim:int, # values per head vector
              ) -> int:
@@ -190,6 +194,7 @@ def row_bytes(fmt,          # a registered format name ("hq-e8-2b") or a `Rate`
     # a size the format does not read: ValueError naming the ones it does
     return cls.row_bytes_for(cls.check_head_dim(head_dim))
 
+# %% ../nbs/00_sizing.ipynb #23ca2209
 def kv_formats(head_dim:int|None=None) -> list[str]:
     "Registered formats (those supporting `head_dim` when given), largest rows first."
     names = [n for n in list_codecs() if not n.startswith("_")]
@@ -215,6 +220,7 @@ def key_format_items(spec) -> list:
     raise TypeError(f"key formats must be a dict {{layer: format}}, pairs or a string "
                     f"{_KEY_FORMATS_FORM}; got {spec!r}")
 
+# %% ../nbs/00_sizing.ipynb #618a7972
 def parse_key_formats(spec,             # {layer: format}, 'LAYER=FORMAT,...', pairs, or None/'' for none
                       layer_ids:tuple,  # model layer ids that may carry a key format (the attention layers)
                       head_dim:int,     # every format must support it
@@ -235,6 +241,7 @@ def parse_key_formats(spec,             # {layer: format}, 'LAYER=FORMAT,...', p
         out[layer] = fmt
     return tuple(sorted((l, f) for l, f in out.items() if f != kv_format))
 
+# %% ../nbs/00_sizing.ipynb #50629363
 def key_formats_str(pairs:tuple) -> str:
     "How plan lines and names show per-layer key formats: '5:tbq3,11:tbq3' ('' for none)."
     return ",".join(f"{l}:{f}" for l, f in pairs)
@@ -313,6 +320,7 @@ class Budget:
         a = self.amount
         return f"{a:,} tokens" if self.unit == "tokens" else f"{fmt_bytes(a, decimal=True)} = {fmt_bytes(a)} ({a:,} B)"
 
+# %% ../nbs/00_sizing.ipynb #57c52501
 BUDGET_FORMS = ("accepted forms: an int of bytes (3020000000); a size with a unit, '3.02G', '3GB', '512Mi', '24GiB' "
                 "(K/M/G/T = powers of 1000, Ki/Mi/Gi/Ti = powers of 1024, optional B); or tokens, '900Ktok', '4096tok'")
 _PREFIX = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4, "ki": 1024, "mi": 1024**2, "gi": 1024**3,
@@ -387,6 +395,7 @@ class Plan:
         d["vram_plan"] = self.line()
         return d
 
+# %% ../nbs/00_sizing.ipynb #1bce26bb
 def lane_pages(context:int, page_tokens:int=64) -> int:
     "Pages one sequence of `context` tokens reserves."
     _check_int("context", context, 1); _check_int("page_tokens", page_tokens, 1)
@@ -420,6 +429,7 @@ def plan(geometry,                # a `Geometry` or a preset name
                 pages, pages * page_tokens, pages * page_bytes, state, context, lanes, pool_lanes, lane_bytes, kf, vf,
                 lay)
 
+# %% ../nbs/00_sizing.ipynb #445abc81
 def lanes_bytes(geometry,              # a `Geometry` or a preset name
                 kv_format,             # a registered format name or a `Rate`
                 lanes:int,             # sequences

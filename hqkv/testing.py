@@ -38,6 +38,7 @@ class RefTopK:
         return cls(torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows]),
                    torch.tensor([float(r[2]) for r in rows]))
 
+# %% ../nbs/03_testing.ipynb #520a3ae3
 def ref_topk(model, # a causal LM called as `model(input_ids=[1, T]).logits`
              prompt:list, tokens:list, # the prompt's ids and the continuation to score
              k:int=8) -> RefTopK:
@@ -59,6 +60,7 @@ def _first_difference(got:list, want:list, what:str) -> tuple:
         raise AssertionError(f"{what}: {len(got)} tokens, the reference has {len(want)}")
     return got, want, i
 
+# %% ../nbs/03_testing.ipynb #c4fce37f
 def check_greedy(got:list, # the continuation under test
                  want:list, # the reference's greedy continuation of the same prompt
                  # the reference's top tokens along `want` (`ref_topk`); None: any difference fails

@@ -30,6 +30,7 @@ def window_put(w:ExactWindow, lane:int, P:int, # a lane and the position of the 
         a += m
     w.lens[lane] = e
 
+# %% ../nbs/35_window.ipynb #ab78bef0
 def window_into(w:ExactWindow, lane:int, a:int, b:int, K:Tensor, V:Tensor,
                 L:int|None=None): # the lane's length when the caller knows it (saves reading it back from the tensor)
     "Copy positions [a, b) of a lane, as the window holds them, to rows 0..b-a of K and V (sinks or in the ring)."
@@ -44,6 +45,7 @@ def window_into(w:ExactWindow, lane:int, a:int, b:int, K:Tensor, V:Tensor,
         j = p % R; m = min(b - p, R - j)
         K[p - a:p - a + m], V[p - a:p - a + m] = w.k_recent[lane, j:j + m], w.v_recent[lane, j:j + m]; p += m
 
+# %% ../nbs/35_window.ipynb #8f6c3be8
 def window_rows(w:ExactWindow, lane:int, a:int, b:int) -> tuple[Tensor, Tensor]: # bf16 [b - a, kv_heads, D] each
     "Positions [a, b) of one lane as the window holds them (each must still be a sink or in the ring)."
     K, V = w.k_sink.new_empty(b - a, *w.k_sink.shape[2:]), w.v_sink.new_empty(b - a, *w.v_sink.shape[2:])

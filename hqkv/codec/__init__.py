@@ -136,6 +136,7 @@ def register_codec(cls:type[Codec]) -> type[Codec]:
     _REGISTRY[cls.name] = cls
     return cls
 
+# %% ../../nbs/10_codec.base.ipynb #0534def3
 def _load_builtins():
     global _builtins_loaded
     if _builtins_loaded: return
@@ -145,11 +146,13 @@ def _load_builtins():
         except ModuleNotFoundError as e:
             if e.name != m: raise  # a real import error inside an existing module must not be hidden
 
+# %% ../../nbs/10_codec.base.ipynb #72c88929
 def list_codecs() -> list[str]:
     "Names of every registered format."
     _load_builtins()
     return sorted(_REGISTRY)
 
+# %% ../../nbs/10_codec.base.ipynb #a5735d0f
 def codec_class(name:str) -> type[Codec]:
     "The registered class for `name` (no instance: use it for byte arithmetic with `row_bytes_for`)."
     _load_builtins()
@@ -157,10 +160,12 @@ def codec_class(name:str) -> type[Codec]:
         raise ValueError(f"unknown KV format {name!r}; supported formats: {', '.join(sorted(_REGISTRY))}")
     return _REGISTRY[name]
 
+# %% ../../nbs/10_codec.base.ipynb #2e5ba082
 def asked_codec_opts(name:str) -> dict:
     "`get_codec` options for a format named explicitly (a variant, a per-layer format): naming it asks for it."
     return {"allow": True} if codec_class(name).refused_by_default else {}
 
+# %% ../../nbs/10_codec.base.ipynb #be70338c
 def get_codec(name:str, head_dim:int=256, **opts) -> Codec:
     "An instance of the format `name` for vectors of length `head_dim`."
     return codec_class(name)(head_dim, **opts)

@@ -97,10 +97,12 @@ def _tables(dev)->dict:
         _TABLES[dev] = {k: v.to(dev) for k, v in t.items()}
     return _TABLES[dev]
 
+# %% ../../nbs/13_codec.e8.ipynb #c21db33b
 def _wsum(w:Tensor, X:Tensor)->Tensor:
     "w [r, c] (or [c]) times X [c, N] as exact float32 multiply-adds (a matmul could run in TF32 on a GPU)."
     return (w[:, None] * X).sum(0) if w.ndim == 1 else (w[:, :, None] * X[None]).sum(1)
 
+# %% ../../nbs/13_codec.e8.ipynb #0167f2be
 def _pack_idx(v:Tensor, idx8:Tensor)->Tensor:
     "Non-negative float32 [8, N] -> int32 keys with the coordinate index in the 3 low mantissa bits (order kept)."
     return (v.view(torch.int32) & ~7) | idx8
@@ -173,6 +175,7 @@ def _encode_chunk(x:Tensor, T:dict)->tuple[Tensor, Tensor]:
                                                                  sb[:N]).long() << 1) | s1.long()).to(torch.int32)
     return codes, torch.where(s1, dv[N:], dv[:N])
 
+# %% ../../nbs/13_codec.e8.ipynb #ded81417
 def e8p_encode(x:Tensor, # float [..., 8], any device
                chunk:int=32768, # groups per step (keeps the working set in cache)
                return_dist:bool=False, # also return the squared distance to the chosen point

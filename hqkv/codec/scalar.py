@@ -58,6 +58,7 @@ def _ggml_row_bytes(name:str, head_dim:int, block_bytes:int) -> int:
         raise ValueError(f"{name}: head_dim must be a positive multiple of {_QK}, got {head_dim!r}")
     return head_dim // _QK * block_bytes
 
+# %% ../../nbs/11_codec.scalar.ipynb #1ac94660
 def _fp16_scale_bytes(d:Tensor, # float32 block scales [n, nb, 1]
                       name:str, # format name, for the error message
                      ) -> Tensor: # uint8 [n, nb, 2], little-endian fp16
@@ -68,17 +69,20 @@ def _fp16_scale_bytes(d:Tensor, # float32 block scales [n, nb, 1]
                          "input is too large for this format")
     return h.view(torch.uint8)
 
+# %% ../../nbs/11_codec.scalar.ipynb #b370880f
 def _inv(d:Tensor) -> tuple[Tensor, Tensor]:
     "ggml's `id = d ? 1/d : 0` in float32, with 0 also where 1/d overflows; and the mask of those overflows."
     inv = 1.0 / d
     ok = torch.isfinite(inv)                       # False where d == 0 or |d| is so small that 1/d is inf
     return torch.where(ok, inv, 0.0), ~ok & (d != 0)
 
+# %% ../../nbs/11_codec.scalar.ipynb #4e0ff33b
 def _roundf(v:Tensor) -> Tensor:
     "C `roundf` (halves away from zero) for finite float32, computed as gguf's `np_roundf`."
     a = v.abs(); f = a.floor()
     return v.sign() * (f + (2 * (a - f)).floor())
 
+# %% ../../nbs/11_codec.scalar.ipynb #06c77430
 def _split_blocks(rows:Tensor, block_bytes:int) -> tuple[Tensor, Tensor]:
     "uint8 rows [n, row_bytes] -> (float32 scales [n, nb, 1], code bytes [n, nb, block_bytes - 2])."
     b = rows.reshape(rows.shape[0], -1, block_bytes)

@@ -20,13 +20,17 @@ __all__ = ['BLOCK', 'LLOYD_MAX', 'LLOYD_MAX_MSE', 'TBQ_CENTROIDS', 'gaussian_mse
 # %% ../../nbs/12_codec.tbq.ipynb #cf0a0717
 _SQRT2, _INV_SQRT_2PI = math.sqrt(2.0), 1.0 / math.sqrt(2.0 * math.pi)
 def _pdf(x:float)->float: return 0.0 if math.isinf(x) else math.exp(-0.5 * x * x) * _INV_SQRT_2PI
+
 def _cdf(x:float)->float: return 0.5 * (1.0 + math.erf(x / _SQRT2))
+
+# %% ../../nbs/12_codec.tbq.ipynb #24215cc5
 def _xpdf(x:float)->float: return 0.0 if math.isinf(x) else x * _pdf(x)
 
 def _cells(c:list)->list:
     "Decision thresholds of the nearest-centroid rule, with -inf and +inf at the ends."
     return [-math.inf] + [(a + b) / 2 for a, b in zip(c[:-1], c[1:])] + [math.inf]
 
+# %% ../../nbs/12_codec.tbq.ipynb #11ddd30b
 def gaussian_mse(centroids:list, # sorted reproduction levels
                 )->float: # E[(X - q(X))^2] for X ~ N(0,1), q the nearest-centroid rule
     "Exact mean squared error of nearest-centroid quantisation of a standard normal (Gaussian integrals via erf)."
@@ -38,6 +42,7 @@ def gaussian_mse(centroids:list, # sorted reproduction levels
         d += m2 - 2 * c * m1 + c * c * p
     return d
 
+# %% ../../nbs/12_codec.tbq.ipynb #e9b4365d
 def lloyd_max_gaussian(levels:int, # number of reproduction levels (2**bits)
                        tol:float=1e-12, # stop when no centroid moves by more than this
                        max_iter:int=20_000, # ValueError if not converged after this many iterations
@@ -71,6 +76,7 @@ def _group(bits:int)->tuple[int, int]:
     g = 8 // math.gcd(bits, 8)
     return g, g * bits // 8
 
+# %% ../../nbs/12_codec.tbq.ipynb #b8bd710a
 def pack_indices(idx:Tensor, # integer [..., n], values in [0, 2**bits), n a multiple of the group size
                  bits:int, # index width: 2, 3 or 4
                 )->Tensor: # uint8 [..., n*bits/8]
@@ -84,6 +90,7 @@ def pack_indices(idx:Tensor, # integer [..., n], values in [0, 2**bits), n a mul
     out = (w.unsqueeze(-1) >> (torch.arange(nb, device=idx.device, dtype=torch.int32) * 8)) & 0xFF
     return out.to(torch.uint8).reshape(*idx.shape[:-1], -1)
 
+# %% ../../nbs/12_codec.tbq.ipynb #4e45b452
 def unpack_indices(packed:Tensor, # uint8 [..., m], m a multiple of the group's byte count
                    bits:int, # index width: 2, 3 or 4
                   )->Tensor: # int64 [..., m*8/bits]
@@ -188,6 +195,7 @@ def _lut(self:TBQCodec, device)->Tensor:
         self._luts[device] = self._table(device)[0][idx.to(device)].contiguous()
     return self._luts[device]
 
+# %% ../../nbs/12_codec.tbq.ipynb #959e4d56
 @patch
 def _decode_rotated(self:TBQCodec, rows:Tensor)->Tensor:
     "One table row per byte (tbq4, tbq2) or per 12 bits (tbq3) instead of one gather per index: the same values."
@@ -210,11 +218,13 @@ class TBQ4(TBQCodec):
     "tbq4: 4-bit Lloyd-Max indices after a block RHT, 66 B per 128 values (4.125 bits/value)."
     name, bits = "tbq4", 4
 
+# %% ../../nbs/12_codec.tbq.ipynb #7145c9a7
 @register_codec
 class TBQ2(TBQCodec):
     "tbq2: 2-bit Lloyd-Max indices after a block RHT, 34 B per 128 values (2.125 bits/value)."
     name, bits = "tbq2", 2
 
+# %% ../../nbs/12_codec.tbq.ipynb #b087593f
 @register_codec
 class TBQ3(TBQCodec):
     "tbq3: 3-bit Lloyd-Max indices after a block RHT, 50 B per 128 values (3.125 bits/value); refused unless allowed."

