@@ -14,6 +14,8 @@ stack. Shared memory is Triton's (`metadata.shared`, what a launch asks for).
     python kernels/compile_check.py --quick         # head dims 80 and 256, GQA groups 1 and 8 (a few minutes)
     python kernels/compile_check.py --full          # every head dim 64-512, vLLM block sizes 16-128 (the same binaries, more launches)
     python kernels/compile_check.py --arch 90 --kernel prefill --head-dim 256   # one slice, printed
+    python kernels/compile_check.py --format tbq4 --json /tmp/tbq4.json && python kernels/compile_check.py --merge /tmp/tbq4.json
+                                                    # a slice's formats replace theirs in the saved JSON and the table
 
 Exit status 1 names every configuration that cannot launch (shared memory over the arch's per-block limit,
 more than 255 registers, a compile error); spills are reported, and fail too with --strict.
@@ -316,7 +318,15 @@ def main(argv=None):
     ap.add_argument("--md", default=None, help="write the table here (default with no slice: kernels/resources.md's generated part)")
     ap.add_argument("--label", default="", help="a name for this run in the JSON (e.g. before/after)")
     ap.add_argument("--render", action="store_true", help="only rewrite kernels/resources.md from nbs/results/kernel_resources.json (no compiling)")
+    ap.add_argument("--merge", nargs="+", default=None, help="JSON files of sliced runs (--json): their formats replace the saved run's "
+                    "in nbs/results/kernel_resources.json and kernels/resources.md (no compiling)")
+    ap.add_argument("--note", default="", help="with --merge: what the saved run's remaining rows are (e.g. an older kernel)")
     a = ap.parse_args(argv)
+    if a.merge:
+        out = merge(json.load(open("nbs/results/kernel_resources.json")), [json.load(open(f)) for f in a.merge], a.note)
+        with open("nbs/results/kernel_resources.json", "w") as f: json.dump(out, f, default=str)
+        write_md("kernels/resources.md", table_md(out["summary"]), out)
+        return 0
     if a.render:
         out = json.load(open("nbs/results/kernel_resources.json"))
         write_md("kernels/resources.md", table_md(out["summary"]), out)
@@ -372,6 +382,24 @@ def main(argv=None):
         return 1
     return 0
 
+def _run(out, formats, note=""):
+    "What one run compiled, for the record of a merged table."
+    return dict(formats=sorted(formats), archs=out["archs"], configurations=out["configurations"], compiles=out["compiles"],
+                seconds=out["seconds"], triton=out["triton"], label=out.get("label", ""), note=note)
+
+def merge(base:dict, parts:list[dict], note:str="") -> dict:
+    "The saved run with the formats of `parts` (sliced runs) replaced by theirs: summary rows, compiles and the runs behind them."
+    new = {s["fmt"] for p in parts for s in p["summary"]}
+    keep = sorted({s["fmt"] for s in base["summary"]} - new)
+    runs = [dict(r, formats=[f for f in r["formats"] if f in keep]) for r in base.get("runs", [_run(base, keep, note)])]
+    runs = [r for r in runs if r["formats"]] + [_run(p, {s["fmt"] for s in p["summary"]}) for p in parts]
+    key = lambda r: (r["kernel"], r["fmt"], r["head_dim"], r["arch"])
+    summary = sorted([s for s in base["summary"] if s["fmt"] not in new] + [s for p in parts for s in p["summary"]], key=key)
+    compiled = [c for c in base["compiled"] if c["fmt"] not in new] + [c for p in parts for c in p["compiled"]]
+    return dict(base, summary=summary, compiled=compiled, runs=runs, archs=sorted({a for r in runs for a in r["archs"]}),
+                configurations=sum(r["configurations"] for r in runs), compiles=sum(r["compiles"] for r in runs),
+                seconds=sum(r["seconds"] for r in runs))
+
 MD_START, MD_END = "<!-- kernel-check: generated, do not edit -->", "<!-- /kernel-check -->"
 BEFORE = "nbs/results/kernel_resources_before.json"   # the kernels as issue 31 found them (d2ffc25), same check
 
@@ -400,11 +428,18 @@ def compare_md(before:dict, after:dict) -> str:
 
 def write_md(path, table, out):
     "Replace the generated part of `path` (between the markers) with this run's table, keeping the prose around it."
-    body = (f"{MD_START}\n`make kernel-check` on Triton {out['triton']}: {out['configurations']} configurations x "
-            f"{len(out['archs'])} archs, {out['compiles']} distinct compiles in {out['seconds']:.0f} s wall-clock (one process, on a "
-            f"machine of 2 cores shared with other jobs). "
-            f"One row per (kernel, format, head dim, arch): the worst over GQA groups 1-8, window on/off, the engine's "
-            f"pages and vLLM's block sizes; every configuration is in `nbs/results/kernel_resources.json`.\n\n{table}")
+    if out.get("runs"):
+        runs = "; ".join(f"{', '.join(r['formats'])} on {', '.join(f'sm_{a}' for a in r['archs'])}: {r['configurations']} configurations, "
+                         f"{r['compiles']} distinct compiles in {r['seconds']:.0f} s" + (f" ({r.get('note') or r.get('label')})" if r.get("note")
+                         or r.get("label") else "") for r in out["runs"])
+        what = f"`make kernel-check` on Triton {out['triton']}, merged from sliced runs (`--merge`): {runs}. "
+    else:
+        what = (f"`make kernel-check` on Triton {out['triton']}: {out['configurations']} configurations x "
+                f"{len(out['archs'])} archs, {out['compiles']} distinct compiles in {out['seconds']:.0f} s wall-clock (one process, on a "
+                f"machine of 2 cores shared with other jobs). ")
+    body = (f"{MD_START}\n{what}"
+            f"One row per (kernel, format, head dim, arch): the worst over the GQA groups, window on/off, the engine's "
+            f"pages and vLLM's block sizes its run compiled; every configuration is in `nbs/results/kernel_resources.json`.\n\n{table}")
     if os.path.exists(BEFORE):
         body += "\n" + compare_md(json.load(open(BEFORE)), out)
     body += MD_END
