@@ -30,7 +30,7 @@ class SeqUndo:
     window_len: int            # tokens its window held
     ring: tuple = ()           # per layer and ring segment the step overwrites: (layer, first slot, K rows, V rows)
 
-# %% ../nbs/40a_pagedkv.ipynb #4db4ca97
+# %% ../nbs/40a_pagedkv.ipynb #21161066
 class PagedKV:
     "Full-attention K/V of a batch of sequences in a `KVPool`: coded pages, the exact window, attention per layer."
     def __init__(self,
@@ -38,18 +38,12 @@ class PagedKV:
                  seq_ids=(),                # sequences the pool already admitted, attached now
                  window_sinks:int=32,       # kv.window_sinks: first tokens of each sequence also kept exact (bf16)
                  window_recent:int=512,     # kv.window_recent: latest tokens also kept exact; 0/0 disables the window
-                 # model layer index of each pool layer (default: the geometry's attn_layer_ids)
-                 layers:tuple|None=None,
-                 # 'gather', 'ref', 'triton' or 'cpu' (see the table); default: `default_backend(pool)` ('gather' with
-                 # decode_reads)
-                 attn:str|None=None,
+                 layers:tuple|None=None,    # model layer of each pool layer (default: the geometry's attn_layer_ids)
+                 attn:str|None=None,        # 'gather', 'ref', 'triton', 'cpu' (None: `default_backend(pool)`)
                  lanes:int=8,               # sequence lanes allocated up front (doubled when they run out)
-                 # a `hqkv.keyprofile.KeyProfile`: keys stored as (k - mu) / sigma, queries times sigma
-                 key_profile=None,
-                 # code decode rows a page at a time from the window (when it holds a page; not with Triton)
-                 defer_codes:bool=True,
-                 # prefill chunks read keys as decode steps would (the quality harness's decode regime); 'gather' only
-                 decode_reads:bool=False):
+                 key_profile=None,          # a `KeyProfile`: keys stored as (k - mu) / sigma, queries times sigma
+                 defer_codes:bool=True,     # code decode rows a page at a time from the window (not with Triton)
+                 decode_reads:bool=False):  # prefill chunks read keys as decode steps would ('gather' only)
         if not isinstance(pool, KVPool): raise TypeError(f"pool must be a KVPool, got {type(pool).__name__}")
         for n, x in (("window_sinks", window_sinks), ("window_recent", window_recent), ("lanes", lanes)):
             if isinstance(x, bool) or not isinstance(x, int) or x < 0:
@@ -85,8 +79,6 @@ class PagedKV:
         for s in seq_ids: self.attach(s)
 
     @property
-    def attn(self) -> str: return self.backend.name
-    @property
     def decode_reads(self) -> bool: return self._decode_reads
     @decode_reads.setter
     def decode_reads(self, on:bool):
@@ -94,16 +86,25 @@ class PagedKV:
         if on and self.backend.name != "gather":
             raise ValueError(f"decode_reads needs attn='gather', got {self.backend.name!r}")
         self._decode_reads = bool(on)
-    def __len__(self): return len(self.lanes)
-    def __contains__(self, seq_id): return seq_id in self.lanes
-    def __repr__(self):
-        kp = "off" if self.key_profile is None else self.key_profile.tag
-        return (f"PagedKV({self.pool!r}, attn={self.attn}, window={self.sinks}+{self.recent}, key_profile={kp}, "
-                f"sequences={len(self)})")
-    @property
-    def window_bytes(self) -> int:
-        "Bytes of the exact window (all lanes, all layers)."
-        return sum(w.nbytes for w in self.windows) if self.windows else 0
+
+# %% ../nbs/40a_pagedkv.ipynb #96852e91
+@patch(as_prop=True)
+def attn(self:PagedKV) -> str: return self.backend.name
+@patch
+def __len__(self:PagedKV): return len(self.lanes)
+@patch
+def __contains__(self:PagedKV, seq_id): return seq_id in self.lanes
+
+@patch
+def __repr__(self:PagedKV):
+    kp = "off" if self.key_profile is None else self.key_profile.tag
+    return (f"PagedKV({self.pool!r}, attn={self.attn}, window={self.sinks}+{self.recent}, key_profile={kp}, "
+            f"sequences={len(self)})")
+
+@patch(as_prop=True)
+def window_bytes(self:PagedKV) -> int:
+    "Bytes of the exact window (all lanes, all layers)."
+    return sum(w.nbytes for w in self.windows) if self.windows else 0
 
 # %% ../nbs/40a_pagedkv.ipynb #7a034d3c
 @patch

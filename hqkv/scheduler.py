@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections, time
 from dataclasses import dataclass, field
 from typing import Callable, Hashable
+from fastcore.basics import patch
 from .allocator import PoolFull
 
 # %% auto #0
@@ -77,27 +78,24 @@ def request_rates(r:Request) -> dict:
                 decode_tokens_per_s=(n - 1) / dec if dec and n > 1 else None,
                 tokens_per_s=n / (r.t_done - r.t_submit) if r.t_done else None)
 
-# %% ../nbs/41a_scheduler.ipynb #6552c367
+# %% ../nbs/41a_scheduler.ipynb #ca83bceb
 POLICIES = ("decode-first", "prefill-first")
 
 class Scheduler:
     "The waiting queue and the running batch: admission (whole bound reserved), a prefill budget per step, a policy."
-    # what admits and releases sequences: a `hqkv.pagedkv.PagedKV` (admit / release), or anything with both
-    def __init__(self, kv,
-                 max_batch:int=8, # engine.max_batch: requests running at once
-                 # engine.prefill_chunk: where prompts are cut (a chunk is at most this many tokens)
-                 prefill_chunk:int=1024,
+    def __init__(self,
+                 kv,                      # admits and releases sequences: a `hqkv.pagedkv.PagedKV` (or alike)
+                 max_batch:int=8,         # engine.max_batch: requests running at once
+                 prefill_chunk:int=1024,  # engine.prefill_chunk: where prompts are cut (tokens a chunk at most)
                  policy:str="decode-first",
-                 # engine.step_tokens: tokens per step, decodes and chunks together (None: `prefill_chunk` prompt tokens
-                 # beside the decodes)
+                 # engine.step_tokens: tokens per step, decodes and chunks together (None: `prefill_chunk` prompt
+                 # tokens beside the decodes)
                  step_tokens:int|None=None,
-                 # prefill starts after the prompt tokens the prefix cache already holds (the kv rebuilds what it needs)
-                 skip_reused:bool=False):
+                 skip_reused:bool=False): # prefill starts after the prompt tokens the prefix cache holds
         if policy not in POLICIES:
             raise ValueError(f"unknown scheduling policy {policy!r}; choose one of {', '.join(POLICIES)}")
-        for n, x in (("max_batch", max_batch),
-                     ("prefill_chunk", prefill_chunk)) + ((("step_tokens", step_tokens),
-                                                           ) if step_tokens is not None else ()):
+        sizes = (("max_batch", max_batch), ("prefill_chunk", prefill_chunk))
+        for n, x in sizes + ((("step_tokens", step_tokens),) if step_tokens is not None else ()):
             if isinstance(x, bool) or not isinstance(x, int) or x < 1:
                 raise ValueError(f"{n} must be a positive int, got {x!r}")
         self.kv, self.max_batch, self.prefill_chunk, self.policy = kv, max_batch, prefill_chunk, policy
@@ -116,54 +114,61 @@ class Scheduler:
         "Queue a request (it is admitted by a later `schedule`)."
         self.waiting.append(r)
 
-    def _admit(self):
-        "Move waiting requests into the batch, first come first served, while the pool can reserve their whole bound."
-        while self.waiting and len(self.running) < self.max_batch:
-            r = self.waiting[0]
-            try:
-                a = self.kv.admit(r.id, r.prompt_ids, r.max_new_tokens,
-                                  **({"resume": True} if self.skip_reused else {}))
-            except PoolFull: break                # the head waits for pages; the others wait behind it
-            except ValueError as e:               # it can never fit: refused, the queue moves on
-                self.waiting.popleft()
-                r.status, r.finish_reason, r.error, r.t_done = "refused", "refused", str(e), time.perf_counter()
-                self.refused.append(r); continue
+# %% ../nbs/41a_scheduler.ipynb #0ec85d4b
+@patch
+def _admit(self:Scheduler):
+    "Move waiting requests into the batch, first come first served, while the pool can reserve their whole bound."
+    while self.waiting and len(self.running) < self.max_batch:
+        r = self.waiting[0]
+        try:
+            a = self.kv.admit(r.id, r.prompt_ids, r.max_new_tokens,
+                              **({"resume": True} if self.skip_reused else {}))
+        except PoolFull: break                # the head waits for pages; the others wait behind it
+        except ValueError as e:               # it can never fit: refused, the queue moves on
             self.waiting.popleft()
-            r.status, r.reused_tokens = "prefill", getattr(a, "reused_tokens", 0)
-            r.prefilled = r.reused_tokens if self.skip_reused else 0
-            self.admitted.append(r)
-            self.running.append(r)
+            r.status, r.finish_reason, r.error, r.t_done = "refused", "refused", str(e), time.perf_counter()
+            self.refused.append(r); continue
+        self.waiting.popleft()
+        r.status, r.reused_tokens = "prefill", getattr(a, "reused_tokens", 0)
+        r.prefilled = r.reused_tokens if self.skip_reused else 0
+        self.admitted.append(r)
+        self.running.append(r)
 
-    def schedule(self) -> list[Work]:
-        "Admit what fits, then this step's work under the policy (empty when nothing can run)."
-        self._admit()
-        dec = [Work(r, [r.output_ids[-1]], r.length) for r in self.running if r.status == "decode"]
-        if self.step_tokens is None: budget = self.prefill_chunk
-        else: budget = self.step_tokens - (len(dec) if self.policy == "decode-first" else 0)
-        pre = []
-        for r in self.running:                    # admission order: the oldest prompt first
-            if r.status != "prefill": continue
-            # its next whole chunk: cut where it would be cut alone
-            n = min(self.prefill_chunk, len(r.prompt_ids) - r.prefilled)
-            if n <= budget or not pre:            # the oldest prompt advances even past the budget
-                pre.append(Work(r, r.prompt_ids[r.prefilled:r.prefilled + n], r.prefilled)); budget -= n
-        if self.policy == "prefill-first" and pre: return pre
-        return dec + pre
+# %% ../nbs/41a_scheduler.ipynb #022278b9
+@patch
+def schedule(self:Scheduler) -> list[Work]:
+    "Admit what fits, then this step's work under the policy (empty when nothing can run)."
+    self._admit()
+    dec = [Work(r, [r.output_ids[-1]], r.length) for r in self.running if r.status == "decode"]
+    if self.step_tokens is None: budget = self.prefill_chunk
+    else: budget = self.step_tokens - (len(dec) if self.policy == "decode-first" else 0)
+    pre = []
+    for r in self.running:                    # admission order: the oldest prompt first
+        if r.status != "prefill": continue
+        # its next whole chunk: cut where it would be cut alone
+        n = min(self.prefill_chunk, len(r.prompt_ids) - r.prefilled)
+        if n <= budget or not pre:            # the oldest prompt advances even past the budget
+            pre.append(Work(r, r.prompt_ids[r.prefilled:r.prefilled + n], r.prefilled)); budget -= n
+    if self.policy == "prefill-first" and pre: return pre
+    return dec + pre
 
-    def advance(self, w:Work) -> bool:
-        "Record that `w` ran; True when the step produced the request's next token (its prompt is done, or it decodes)."
-        r = w.request
-        if r.status == "prefill":
-            r.prefilled += len(w.tokens)
-            if r.prefilled < len(r.prompt_ids): return False
-            r.status = "decode"
-        return True
+# %% ../nbs/41a_scheduler.ipynb #e7b5d1ee
+@patch
+def advance(self:Scheduler, w:Work) -> bool:
+    "Record that `w` ran; True when the step produced the request's next token (its prompt is done, or it decodes)."
+    r = w.request
+    if r.status == "prefill":
+        r.prefilled += len(w.tokens)
+        if r.prefilled < len(r.prompt_ids): return False
+        r.status = "decode"
+    return True
 
-    def finish(self, r:Request, reason:str, cancel:bool=False):
-        "Take a running or waiting request out (finished: full pages cached; cancel: all freed; 'error': failed)."
-        if r.status == "waiting": self.waiting.remove(r)
-        elif r in self.running:
-            self.running.remove(r)
-            self.kv.release(r.id, cancel=cancel)
-        r.status = "failed" if reason == "error" else ("cancelled" if cancel else "finished")
-        r.finish_reason, r.t_done = reason, time.perf_counter()
+@patch
+def finish(self:Scheduler, r:Request, reason:str, cancel:bool=False):
+    "Take a running or waiting request out (finished: full pages cached; cancel: all freed; 'error': failed)."
+    if r.status == "waiting": self.waiting.remove(r)
+    elif r in self.running:
+        self.running.remove(r)
+        self.kv.release(r.id, cancel=cancel)
+    r.status = "failed" if reason == "error" else ("cancelled" if cancel else "finished")
+    r.finish_reason, r.t_done = reason, time.perf_counter()

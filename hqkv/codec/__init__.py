@@ -8,6 +8,7 @@ Docs: https://hqkv.github.io/hqkv/codec.base.html.md"""
 from __future__ import annotations
 import importlib, math
 import torch
+from fastcore.basics import patch
 from torch import Tensor
 
 # %% auto #0
@@ -23,7 +24,7 @@ def describe_dims(dims) -> str:
     if len(d) > 3 and len({b - a for a, b in zip(d, d[1:])}) == 1: return f"{d[0]}..{d[-1]} in steps of {d[1] - d[0]}"
     return str(d)
 
-# %% ../../nbs/10_codec.base.ipynb #12b41bee
+# %% ../../nbs/10_codec.base.ipynb #da3e89c9
 class Codec:
     "Base class of a KV format: `encode` float [..., head_dim] -> uint8 [..., row_bytes]; `decode` back to float32."
     name: str = ""                       # registry name, e.g. "hq-e8-2b"
@@ -68,55 +69,62 @@ class Codec:
         "Inverse of `rotate`."
         return x
 
-    # -- the public API, with the checks every format shares --
-    def encode(self, x:Tensor) -> Tensor:
-        "Code `x` (float [..., head_dim]) into rows (uint8 [..., row_bytes])."
-        x = self._check_input(x)
-        flat = x.reshape(-1, self.head_dim).to(torch.float32)
-        rows = self._encode(flat) if flat.shape[0] else torch.empty(0, self.row_bytes, dtype=torch.uint8,
-                                                                    device=x.device)
-        return rows.reshape(*x.shape[:-1], self.row_bytes)
+# %% ../../nbs/10_codec.base.ipynb #344dffc4
+@patch
+def encode(self:Codec, x:Tensor) -> Tensor:
+    "Code `x` (float [..., head_dim]) into rows (uint8 [..., row_bytes])."
+    x = self._check_input(x)
+    flat = x.reshape(-1, self.head_dim).to(torch.float32)
+    rows = self._encode(flat) if flat.shape[0] else torch.empty(0, self.row_bytes, dtype=torch.uint8,
+                                                                device=x.device)
+    return rows.reshape(*x.shape[:-1], self.row_bytes)
 
-    def decode_rotated(self, rows:Tensor, validate:bool=False) -> Tensor:
-        "Rows -> float32 vectors in the coded (rotated) domain (`decode`, unrotated); `validate`: refuse NaN/Inf."
-        # a row that decodes to NaN/Inf has corrupt bytes
-        rows = self._check_rows(rows)
-        flat = rows.reshape(-1, self.row_bytes)
-        out = self._decode_rotated(flat) if flat.shape[0] else torch.empty(0, self.head_dim, device=rows.device)
-        if validate and not bool(torch.isfinite(out).all()):
-            bad = (~torch.isfinite(out).all(-1)).nonzero()[:, 0]
-            raise ValueError(f"{self.name}.decode: {len(bad)} of {len(out)} rows decode to NaN/Inf (corrupt bytes?), "
-                             f"the first at row {int(bad[0])}")
-        return out.reshape(*rows.shape[:-1], self.head_dim)
+@patch
+def decode_rotated(self:Codec, rows:Tensor, validate:bool=False) -> Tensor:
+    "Rows -> float32 vectors in the coded (rotated) domain (`decode`, unrotated); `validate`: refuse NaN/Inf."
+    # a row that decodes to NaN/Inf has corrupt bytes
+    rows = self._check_rows(rows)
+    flat = rows.reshape(-1, self.row_bytes)
+    out = self._decode_rotated(flat) if flat.shape[0] else torch.empty(0, self.head_dim, device=rows.device)
+    if validate and not bool(torch.isfinite(out).all()):
+        bad = (~torch.isfinite(out).all(-1)).nonzero()[:, 0]
+        raise ValueError(f"{self.name}.decode: {len(bad)} of {len(out)} rows decode to NaN/Inf (corrupt bytes?), "
+                         f"the first at row {int(bad[0])}")
+    return out.reshape(*rows.shape[:-1], self.head_dim)
 
-    def decode(self, rows:Tensor, validate:bool=False) -> Tensor:
-        "Rows (uint8 [..., row_bytes]) -> float32 [..., head_dim], original domain (`validate`: as `decode_rotated`)."
-        return self.unrotate(self.decode_rotated(rows, validate))
+@patch
+def decode(self:Codec, rows:Tensor, validate:bool=False) -> Tensor:
+    "Rows (uint8 [..., row_bytes]) -> float32 [..., head_dim], original domain (`validate`: as `decode_rotated`)."
+    return self.unrotate(self.decode_rotated(rows, validate))
 
-    def _check_input(self, x):
-        if not isinstance(x, Tensor):
-            raise TypeError(f"{self.name}.encode: expected a torch.Tensor, got {type(x).__name__}")
-        if not x.is_floating_point():
-            raise TypeError(f"{self.name}.encode: expected a floating-point tensor, got dtype {x.dtype}")
-        if x.ndim == 0 or x.shape[-1] != self.head_dim:
-            raise ValueError(f"{self.name}.encode: last dim must be head_dim={self.head_dim}, got shape "
-                             f"{tuple(x.shape)}")
-        if x.numel() and not bool(torch.isfinite(x).all()):
-            raise ValueError(f"{self.name}.encode: input contains NaN or Inf")
-        return x
+# %% ../../nbs/10_codec.base.ipynb #50f2eafc
+@patch
+def _check_input(self:Codec, x):
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{self.name}.encode: expected a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{self.name}.encode: expected a floating-point tensor, got dtype {x.dtype}")
+    if x.ndim == 0 or x.shape[-1] != self.head_dim:
+        raise ValueError(f"{self.name}.encode: last dim must be head_dim={self.head_dim}, got shape "
+                         f"{tuple(x.shape)}")
+    if x.numel() and not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{self.name}.encode: input contains NaN or Inf")
+    return x
 
-    def _check_rows(self, rows):
-        if not isinstance(rows, Tensor):
-            raise TypeError(f"{self.name}.decode: expected a torch.Tensor, got {type(rows).__name__}")
-        if rows.dtype != torch.uint8: raise TypeError(f"{self.name}.decode: rows must be uint8, got dtype {rows.dtype}")
-        if rows.ndim == 0 or rows.shape[-1] != self.row_bytes:
-            raise ValueError(f"{self.name}.decode: last dim must be row_bytes={self.row_bytes}, got shape "
-                             f"{tuple(rows.shape)}")
-        return rows
+@patch
+def _check_rows(self:Codec, rows):
+    if not isinstance(rows, Tensor):
+        raise TypeError(f"{self.name}.decode: expected a torch.Tensor, got {type(rows).__name__}")
+    if rows.dtype != torch.uint8: raise TypeError(f"{self.name}.decode: rows must be uint8, got dtype {rows.dtype}")
+    if rows.ndim == 0 or rows.shape[-1] != self.row_bytes:
+        raise ValueError(f"{self.name}.decode: last dim must be row_bytes={self.row_bytes}, got shape "
+                         f"{tuple(rows.shape)}")
+    return rows
 
-    def __repr__(self):
-        return (f"{type(self).__name__}(name={self.name!r}, head_dim={self.head_dim}, row_bytes={self.row_bytes}, "
-                f"bits_per_value={self.bits_per_value:g})")
+@patch
+def __repr__(self:Codec):
+    return (f"{type(self).__name__}(name={self.name!r}, head_dim={self.head_dim}, row_bytes={self.row_bytes}, "
+            f"bits_per_value={self.bits_per_value:g})")
 
 # %% ../../nbs/10_codec.base.ipynb #347a4ea5
 _REGISTRY: dict[str, type[Codec]] = {}
