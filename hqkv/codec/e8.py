@@ -8,6 +8,7 @@ Docs: https://hqkv.github.io/hqkv/codec.e8.html.md"""
 from __future__ import annotations
 import itertools, math
 import torch
+from fastcore.basics import patch
 from torch import Tensor
 from . import Codec, register_codec, HEAD_DIMS
 from ..rotation import RandomHadamard
@@ -203,7 +204,7 @@ def quarter_groups(head_dim:int, # D, a multiple of 8
     b = [-(-q * G // quarters) for q in range(quarters + 1)]
     return tuple((b[q], b[q + 1]) for q in range(quarters))
 
-# %% ../../nbs/13_codec.e8.ipynb #9e299a1e
+# %% ../../nbs/13_codec.e8.ipynb #aaa2aa3b
 @register_codec
 class HQE8(Codec):
     "hq-e8-2b: randomized Hadamard rotation over the head, D/8 E8P codewords (16 bit) and 4 bf16 quarter scales."
@@ -223,58 +224,71 @@ class HQE8(Codec):
     @classmethod
     def row_bytes_for(cls, head_dim:int)->int: return head_dim // 4 + 8
 
-    def _reduce(self, t:Tensor, op, per:int=8)->Tensor:
-        "op(t[:, quarter], -1) for each quarter of t [n, D] (per=8 values a group) or [n, D/8] (per=1) -> [n, Q]."
-        # equal quarters: one op
-        if self.head_dim % (8 * self.quarters) == 0: return op(t.reshape(t.shape[0], self.quarters, -1), -1)
-        return torch.stack([op(t[:, a * per : b * per], -1) for a, b in self.quarter_groups], 1)
+# %% ../../nbs/13_codec.e8.ipynb #e1dbb671
+@patch
+def _reduce(self:HQE8, t:Tensor, op, per:int=8)->Tensor:
+    "op(t[:, quarter], -1) for each quarter of t [n, D] (per=8 values a group) or [n, D/8] (per=1) -> [n, Q]."
+    # equal quarters: one op
+    if self.head_dim % (8 * self.quarters) == 0: return op(t.reshape(t.shape[0], self.quarters, -1), -1)
+    return torch.stack([op(t[:, a * per : b * per], -1) for a, b in self.quarter_groups], 1)
 
-    def _per_quarter(self, t:Tensor, s:Tensor, op)->Tensor:
-        "op(t, s) with s [n, Q] broadcast over each quarter's coordinates of t [n, D]."
-        n, D, Q = t.shape[0], self.head_dim, self.quarters
-        if D % (8 * Q) == 0: return op(t.reshape(n, Q, D // Q), s[..., None]).reshape(n, D)
-        if s.device not in self._lens:
-            self._lens[s.device] = torch.tensor([8 * (b - a) for a, b in self.quarter_groups], device=s.device)
-        return op(t, s.repeat_interleave(self._lens[s.device], 1))
+@patch
+def _per_quarter(self:HQE8, t:Tensor, s:Tensor, op)->Tensor:
+    "op(t, s) with s [n, Q] broadcast over each quarter's coordinates of t [n, D]."
+    n, D, Q = t.shape[0], self.head_dim, self.quarters
+    if D % (8 * Q) == 0: return op(t.reshape(n, Q, D // Q), s[..., None]).reshape(n, D)
+    if s.device not in self._lens:
+        self._lens[s.device] = torch.tensor([8 * (b - a) for a, b in self.quarter_groups], device=s.device)
+    return op(t, s.repeat_interleave(self._lens[s.device], 1))
 
-    def _mat(self, dev)->Tensor:
-        "R.T on `dev` (cached): on CPU rotating a batch is one float32 matmul, faster than the butterflies."
-        if dev not in self._mats: self._mats[dev] = self.rht.matrix().T.contiguous().to(dev)
-        return self._mats[dev]
-    def rotate(self, x:Tensor)->Tensor:
-        if x.device.type != "cpu": return self.rht.forward(x.to(torch.float32))   # exact fp32 butterflies (no TF32)
-        return x.to(torch.float32) @ self._mat(x.device)
-    def unrotate(self, x:Tensor)->Tensor:
-        if x.device.type != "cpu": return self.rht.inverse(x.to(torch.float32))
-        return x.to(torch.float32) @ self._mat(x.device).T
+# %% ../../nbs/13_codec.e8.ipynb #b9ef69a5
+@patch
+def _mat(self:HQE8, dev)->Tensor:
+    "R.T on `dev` (cached): on CPU rotating a batch is one float32 matmul, faster than the butterflies."
+    if dev not in self._mats: self._mats[dev] = self.rht.matrix().T.contiguous().to(dev)
+    return self._mats[dev]
 
-    def _encode(self, x:Tensor)->Tensor:
-        n, D, G = x.shape[0], self.head_dim, self.head_dim // 8
-        y = self.rotate(x)
-        if not bool(torch.isfinite(y).all()):
-            raise ValueError(f"{self.name}.encode: the rotated vector overflows float32 (|x| too large)")
-        tiny = torch.finfo(torch.float32).tiny
-        m = self._reduce(y.abs(), torch.amax)                           # [n, Q]: each quarter's max-abs
-        yn = self._per_quarter(y, m.clamp_min(tiny), torch.div)          # |yn| <= 1: no overflow in the squares
-        rms_n = self._reduce(yn * yn, torch.mean).sqrt()
-        z = self._per_quarter(yn, self.gain / rms_n.clamp_min(tiny), torch.mul)   # zero quarters stay zero
-        codes, d = e8p_encode(z.reshape(-1, 8), return_dist=True)
-        codes = codes.reshape(n, G)
-        zz = (z * z).reshape(n, G, 8).sum(-1)
-        cc = _tables(x.device)["norm2"][codes.long()]
-        zc = self._reduce(0.5 * (zz + cc - d.reshape(n, G)), torch.sum, 1)        # <z, c> from ||z - c||^2
-        s = (m * rms_n / self.gain) * zc / self._reduce(cc, torch.sum, 1)         # y = (m rms_n / g) z
-        s16 = s.to(torch.bfloat16)
-        if not bool(torch.isfinite(s16).all()): raise ValueError(f"{self.name}.encode: a scale overflows bfloat16")
-        lo, hi = (codes & 0xFF).to(torch.uint8), (codes >> 8).to(torch.uint8)
-        return torch.cat([torch.stack([lo, hi], 2).reshape(n, D // 4), s16.view(torch.uint8)], 1)
+@patch
+def rotate(self:HQE8, x:Tensor)->Tensor:
+    if x.device.type != "cpu": return self.rht.forward(x.to(torch.float32))   # exact fp32 butterflies (no TF32)
+    return x.to(torch.float32) @ self._mat(x.device)
 
-    def _decode_rotated(self, rows:Tensor)->Tensor:
-        n, D = rows.shape[0], self.head_dim
-        b = rows[:, : D // 4].to(torch.int64)
-        idx = (b[:, 0::2] | (b[:, 1::2] << 8)).reshape(-1)
-        # int8 table: 4x less to read
-        c = _tables(rows.device)["grid4"].index_select(0, idx).reshape(n, D).to(torch.float32)
-        # (4 grid) (s / 4) = grid s, bit for bit
-        s = rows[:, D // 4:].contiguous().view(torch.bfloat16).to(torch.float32) * 0.25
-        return self._per_quarter(c, s, torch.mul)
+@patch
+def unrotate(self:HQE8, x:Tensor)->Tensor:
+    if x.device.type != "cpu": return self.rht.inverse(x.to(torch.float32))
+    return x.to(torch.float32) @ self._mat(x.device).T
+
+# %% ../../nbs/13_codec.e8.ipynb #118a9f49
+@patch
+def _encode(self:HQE8, x:Tensor)->Tensor:
+    n, D, G = x.shape[0], self.head_dim, self.head_dim // 8
+    y = self.rotate(x)
+    if not bool(torch.isfinite(y).all()):
+        raise ValueError(f"{self.name}.encode: the rotated vector overflows float32 (|x| too large)")
+    tiny = torch.finfo(torch.float32).tiny
+    m = self._reduce(y.abs(), torch.amax)                           # [n, Q]: each quarter's max-abs
+    yn = self._per_quarter(y, m.clamp_min(tiny), torch.div)          # |yn| <= 1: no overflow in the squares
+    rms_n = self._reduce(yn * yn, torch.mean).sqrt()
+    z = self._per_quarter(yn, self.gain / rms_n.clamp_min(tiny), torch.mul)   # zero quarters stay zero
+    codes, d = e8p_encode(z.reshape(-1, 8), return_dist=True)
+    codes = codes.reshape(n, G)
+    zz = (z * z).reshape(n, G, 8).sum(-1)
+    cc = _tables(x.device)["norm2"][codes.long()]
+    zc = self._reduce(0.5 * (zz + cc - d.reshape(n, G)), torch.sum, 1)        # <z, c> from ||z - c||^2
+    s = (m * rms_n / self.gain) * zc / self._reduce(cc, torch.sum, 1)         # y = (m rms_n / g) z
+    s16 = s.to(torch.bfloat16)
+    if not bool(torch.isfinite(s16).all()): raise ValueError(f"{self.name}.encode: a scale overflows bfloat16")
+    lo, hi = (codes & 0xFF).to(torch.uint8), (codes >> 8).to(torch.uint8)
+    return torch.cat([torch.stack([lo, hi], 2).reshape(n, D // 4), s16.view(torch.uint8)], 1)
+
+# %% ../../nbs/13_codec.e8.ipynb #df0bbace
+@patch
+def _decode_rotated(self:HQE8, rows:Tensor)->Tensor:
+    n, D = rows.shape[0], self.head_dim
+    b = rows[:, : D // 4].to(torch.int64)
+    idx = (b[:, 0::2] | (b[:, 1::2] << 8)).reshape(-1)
+    # int8 table: 4x less to read
+    c = _tables(rows.device)["grid4"].index_select(0, idx).reshape(n, D).to(torch.float32)
+    # (4 grid) (s / 4) = grid s, bit for bit
+    s = rows[:, D // 4:].contiguous().view(torch.bfloat16).to(torch.float32) * 0.25
+    return self._per_quarter(c, s, torch.mul)
