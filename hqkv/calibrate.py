@@ -204,7 +204,7 @@ def attention_grads(model, # a transformers causal LM
                     ids, # 1-D token ids of one window
                     layers, # the full-attention layers to record
                     score_last:int, # positions whose next-token log-likelihood is differentiated
-                    samples:int=4, # tokens drawn per position from the model's distribution
+                    samples:int=2, # tokens drawn per position from the model's distribution
                     seed:int=0,
                    ) -> tuple[dict, dict]: # {layer: (q [Hq,N,D], k [Hkv,N,D], v, scale)}, {layer: [g [N,Hq,D]]}
     "One forward; per sample, the gradient of the drawn tokens' log-likelihood at each layer's attention output."
@@ -292,7 +292,7 @@ def _window_proxy(acc:dict, qkv:dict, grads:dict, fmts, n:int, chunk:int, sinks:
         prof = (None, None) if i is None else (profile.mu[i].float(), profile.sigma[i].float())
         codes = row_codes(k, v, fmts, *prof)
         N = k.shape[1]
-        for a in range(0, N, 1024):                                   # a block of queries at a time: [heads, 1024, N]
+        for a in range(N - n, N, 1024):                               # the scored queries, [heads, 1024, N] at a time
             qpos = torch.arange(a, min(N, a + 1024))
             coded = coded_reads(qpos, N, N - n, chunk, sinks, recent)
             if not coded.any(): continue
@@ -319,7 +319,7 @@ def proxy_sensitivity(model, # an `hqkv.quality.HFModel` (a transformers model)
                       profile=None, # `KeyProfile` (None: no key profile)
                       sinks:int=32, recent:int=512, # the exact window (0, 0: none)
                       chunk:int=1024, score_last:int=1024,
-                      samples:int=4, # tokens drawn per scored position for the gradients
+                      samples:int=2, # tokens drawn per scored position for the gradients
                       seed:int=0, log=print,
                      ) -> tuple[float, dict]: # (base KLD, {row: {format: predicted KLD}}), as `row_sensitivity`
     "`row_sensitivity`'s numbers predicted from attention-output errors and logit gradients, tied to the base's KLD."
@@ -334,7 +334,7 @@ def proxy_sensitivity(model, # an `hqkv.quality.HFModel` (a transformers model)
     acc, base_kld, t0 = {}, 0.0, time.perf_counter()
     for i, (ids, nx) in enumerate(windows):
         n = min(score_last, len(ids))
-        base_kld += kld_eval(model, ids, nx, [v0], chunk, n, profile)[v0.name].summary()["kld"] / len(windows)
+        if i == 0: base_kld = kld_eval(model, ids, nx, [v0], chunk, n, profile)[v0.name].summary()["kld"]
         qkv, grads = attention_grads(model.model, ids, layers, n, samples, seed + i)
         _window_proxy(acc, qkv, grads, fmts, n, chunk, sinks, recent, profile, 1 / len(windows))
         _progress(log, i + 1, len(windows), time.perf_counter() - t0)

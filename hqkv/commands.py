@@ -251,8 +251,8 @@ def _plan_notice(model, args, n_cands:int, n_wins:int):
     from hqkv.calibrate import _method
     rows = 2 * len(model.cfg.global_layers)
     if _method(model, args.plan_method) == "proxy":
-        print(f"bit plan (proxy): {n_wins} windows of {args.plan_context:,} tokens, each one evaluation of the base format "
-              f"and one forward + 4 backward passes; progress and the time left after each window", flush=True)
+        print(f"bit plan (proxy): {n_wins} windows of {args.plan_context:,} tokens: one evaluation of the base format, then per window "
+              f"one forward + 2 backward passes; progress and the time left after each window", flush=True)
     else:
         print(f"bit plan (exact): {n_wins} windows x {1 + rows * n_cands} KLD runs of {args.plan_context:,} tokens "
               f"({rows} rows x {n_cands} formats + the base): expect about {1 + rows * n_cands} times one evaluation's time; "
