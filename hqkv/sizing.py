@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses, math, re
 from dataclasses import dataclass
 from fractions import Fraction
+from fastcore.basics import patch
 from .codec import codec_class, list_codecs
 
 # %% auto #0
@@ -36,7 +37,7 @@ def _check_int(what:str, v, lo:int=0):
     if isinstance(v, bool) or not isinstance(v, int): raise TypeError(f"{what} must be an int, got {v!r}")
     if v < lo: raise ValueError(f"{what} must be >= {lo}, got {v}")
 
-# %% ../nbs/00_sizing.ipynb #7b9ba658
+# %% ../nbs/00_sizing.ipynb #ab1ac681
 @dataclass(slots=True, frozen=True)
 class Geometry:
     "The shape of a model's attention, as far as its KV cache is concerned."
@@ -78,31 +79,33 @@ class Geometry:
             raise ValueError(f"{self.name}: attn_layer_ids must be {self.attn_layers} distinct increasing layer "
                              f"indices in [0, {self.layers}), got {ids}")
 
-    @property
-    def attn_ids(self) -> tuple:
-        "Model layer ids of the attention layers (0..attn_layers-1 when the preset does not name them)."
-        return self.attn_layer_ids or tuple(range(self.attn_layers))
-    @property
-    def values_per_token(self) -> int:
-        "K and V values one token leaves in the pool: 2 x attention layers x KV heads x head dim."
-        return 2 * self.attn_layers * self.kv_heads * self.head_dim
-    @property
-    def window_bytes(self) -> int:
-        "Bytes of one sequence's sliding-window rings (all window layers, K and V, `ring_value_bytes` each)."
-        return self.window_layers * self.window * 2 * self.kv_heads * self.head_dim * self.ring_value_bytes
-    @property
-    def state_bytes(self) -> int:
-        "Fixed bytes one sequence holds outside the pool: window rings plus linear-attention state."
-        return self.window_bytes + self.linear_layers * self.linear_state_bytes
+# %% ../nbs/00_sizing.ipynb #49770f65
+@patch(as_prop=True)
+def attn_ids(self:Geometry) -> tuple:
+    "Model layer ids of the attention layers (0..attn_layers-1 when the preset does not name them)."
+    return self.attn_layer_ids or tuple(range(self.attn_layers))
+@patch(as_prop=True)
+def values_per_token(self:Geometry) -> int:
+    "K and V values one token leaves in the pool: 2 x attention layers x KV heads x head dim."
+    return 2 * self.attn_layers * self.kv_heads * self.head_dim
+@patch(as_prop=True)
+def window_bytes(self:Geometry) -> int:
+    "Bytes of one sequence's sliding-window rings (all window layers, K and V, `ring_value_bytes` each)."
+    return self.window_layers * self.window * 2 * self.kv_heads * self.head_dim * self.ring_value_bytes
+@patch(as_prop=True)
+def state_bytes(self:Geometry) -> int:
+    "Fixed bytes one sequence holds outside the pool: window rings plus linear-attention state."
+    return self.window_bytes + self.linear_layers * self.linear_state_bytes
 
-    def describe(self) -> str:
-        "One line: the layer mix and the per-sequence state."
-        heads = f"{self.kv_heads} KV head{'s' * (self.kv_heads > 1)}"
-        s = f"{self.name}: {self.layers} layers = {self.attn_layers} attention ({heads} x {self.head_dim})"
-        if self.window_layers: s += f" + {self.window_layers} sliding-window ({self.window} tokens)"
-        if self.linear_layers: s += f" + {self.linear_layers} linear-attention"
-        if self.state_bytes: s += f"; fixed state {fmt_bytes(self.state_bytes)} per sequence"
-        return s
+@patch
+def describe(self:Geometry) -> str:
+    "One line: the layer mix and the per-sequence state."
+    heads = f"{self.kv_heads} KV head{'s' * (self.kv_heads > 1)}"
+    s = f"{self.name}: {self.layers} layers = {self.attn_layers} attention ({heads} x {self.head_dim})"
+    if self.window_layers: s += f" + {self.window_layers} sliding-window ({self.window} tokens)"
+    if self.linear_layers: s += f" + {self.linear_layers} linear-attention"
+    if self.state_bytes: s += f"; fixed state {fmt_bytes(self.state_bytes)} per sequence"
+    return s
 
 # %% ../nbs/00_sizing.ipynb #1d1bca6f
 def gdn_state_bytes(v_heads:int,         # linear_num_value_heads
