@@ -185,7 +185,6 @@ def format_name(fmt) -> str:
     "The name tables and plan lines show for `fmt` (a registry name or a `Rate`)."
     return str(fmt)
 
-# %% ../nbs/00_sizing.ipynb #23e68665
 def row_bytes(fmt,          # a registered format name ("hq-e8-2b") or a `Rate`
               head_dim:int, # values per head vector
              ) -> int:
@@ -244,7 +243,6 @@ def parse_key_formats(spec,             # {layer: format}, 'LAYER=FORMAT,...', p
         out[layer] = fmt
     return tuple(sorted((l, f) for l, f in out.items() if f != kv_format))
 
-# %% ../nbs/00_sizing.ipynb #50629363
 def key_formats_str(pairs:tuple) -> str:
     "How plan lines and names show per-layer key formats: '5:tbq3,11:tbq3' ('' for none)."
     return ",".join(f"{l}:{f}" for l, f in pairs)
