@@ -182,7 +182,7 @@ def _as_pool(source) -> KVPool:
     raise TypeError("PoolMonitor needs a KVPool or an object whose .pool is one (an Engine), got "
                     f"{type(source).__name__}")
 
-# %% ../nbs/60_monitor.ipynb #c1b13b6d
+# %% ../nbs/60_monitor.ipynb #6a414298
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 class PoolMonitor:
@@ -220,32 +220,37 @@ class PoolMonitor:
         if self._view is not None and time.monotonic() >= self._next_draw: self.refresh()
         return s
 
-    @property
-    def pool(self) -> KVPool:
-        "The pool watched: the source itself, or the source's `.pool` now (an engine may rebuild its pool)."
-        return _as_pool(self.source)
+# %% ../nbs/60_monitor.ipynb #63229644
+@patch(as_prop=True)
+def pool(self:PoolMonitor) -> KVPool:
+    "The pool watched: the source itself, or the source's `.pool` now (an engine may rebuild its pool)."
+    return _as_pool(self.source)
 
-    def __len__(self): return len(self.history)
-    @property
-    def last(self) -> PoolSample|None: return self.history[-1] if self.history else None
+@patch
+def __len__(self:PoolMonitor): return len(self.history)
+@patch(as_prop=True)
+def last(self:PoolMonitor) -> PoolSample|None: return self.history[-1] if self.history else None
 
-    def series(self, name:str) -> list[int]:
-        "One band (`used`, `reserved`, `retained`, `free`), `step`, `time`, or a metric name, across the history."
-        if name in ("used", "reserved", "retained", "free", "step", "time", "total"):
-            return [getattr(s, name) for s in self.history]
-        known = self.pool.metrics()
-        if name not in known:
-            raise ValueError(f"unknown series {name!r}: use used, reserved, retained, free, step, time, total or a "
-                             f"metric: {', '.join(known)}")
-        return [s.metrics[name] for s in self.history]
+@patch
+def series(self:PoolMonitor, name:str) -> list[int]:
+    "One band (`used`, `reserved`, `retained`, `free`), `step`, `time`, or a metric name, across the history."
+    if name in ("used", "reserved", "retained", "free", "step", "time", "total"):
+        return [getattr(s, name) for s in self.history]
+    known = self.pool.metrics()
+    if name not in known:
+        raise ValueError(f"unknown series {name!r}: use used, reserved, retained, free, step, time, total or a "
+                         f"metric: {', '.join(known)}")
+    return [s.metrics[name] for s in self.history]
 
-    def clear(self):
-        "Forget the history (the step counter starts again at 0)."
-        self.history.clear(); self._n = 0; self._drawn_n = -1; self._next_draw = 0.0
+@patch
+def clear(self:PoolMonitor):
+    "Forget the history (the step counter starts again at 0)."
+    self.history.clear(); self._n = 0; self._drawn_n = -1; self._next_draw = 0.0
 
-    def __repr__(self):
-        p = self.pool
-        return f"PoolMonitor({p.geometry.name}, {p.kv_format}, {p.num_pages} pages, {len(self.history)} samples)"
+@patch
+def __repr__(self:PoolMonitor):
+    p = self.pool
+    return f"PoolMonitor({p.geometry.name}, {p.kv_format}, {p.num_pages} pages, {len(self.history)} samples)"
 
 # %% ../nbs/60_monitor.ipynb #e0fdf4c6
 @patch
