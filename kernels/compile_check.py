@@ -15,7 +15,7 @@ stack. Shared memory is Triton's (`metadata.shared`, what a launch asks for).
     python kernels/compile_check.py --full          # every head dim 64-512, vLLM block sizes 16-128 (the same binaries, more launches)
     python kernels/compile_check.py --arch 90 --kernel prefill --head-dim 256   # one slice, printed
     python kernels/compile_check.py --format tbq4 --json /tmp/tbq4.json && python kernels/compile_check.py --merge /tmp/tbq4.json
-                                                    # a slice's formats replace theirs in the saved JSON and the table
+                                                    # a slice's rows replace theirs in the saved JSON and the table
 
 Exit status 1 names every configuration that cannot launch (shared memory over the arch's per-block limit,
 more than 255 registers, a compile error); spills are reported, and fail too with --strict.
@@ -318,8 +318,8 @@ def main(argv=None):
     ap.add_argument("--md", default=None, help="write the table here (default with no slice: kernels/resources.md's generated part)")
     ap.add_argument("--label", default="", help="a name for this run in the JSON (e.g. before/after)")
     ap.add_argument("--render", action="store_true", help="only rewrite kernels/resources.md from nbs/results/kernel_resources.json (no compiling)")
-    ap.add_argument("--merge", nargs="+", default=None, help="JSON files of sliced runs (--json): their formats replace the saved run's "
-                    "in nbs/results/kernel_resources.json and kernels/resources.md (no compiling)")
+    ap.add_argument("--merge", nargs="+", default=None, help="JSON files of sliced runs (--json): their rows replace the saved run's for "
+                    "the same kernel, format, head dim and arch in nbs/results/kernel_resources.json and kernels/resources.md (no compiling)")
     ap.add_argument("--note", default="", help="with --merge: what the saved run's remaining rows are (e.g. an older kernel)")
     a = ap.parse_args(argv)
     if a.merge:
@@ -388,14 +388,15 @@ def _run(out, formats, note=""):
                 seconds=out["seconds"], triton=out["triton"], label=out.get("label", ""), note=note)
 
 def merge(base:dict, parts:list[dict], note:str="") -> dict:
-    "The saved run with the formats of `parts` (sliced runs) replaced by theirs: summary rows, compiles and the runs behind them."
-    new = {s["fmt"] for p in parts for s in p["summary"]}
-    keep = sorted({s["fmt"] for s in base["summary"]} - new)
-    runs = [dict(r, formats=[f for f in r["formats"] if f in keep]) for r in base.get("runs", [_run(base, keep, note)])]
-    runs = [r for r in runs if r["formats"]] + [_run(p, {s["fmt"] for s in p["summary"]}) for p in parts]
+    "The saved run with the rows of `parts` (sliced runs) in place of its own for the same (kernel, format, head dim, arch)."
+    keys = {(s["kernel"], s["fmt"], s["head_dim"], s["arch"]) for p in parts for s in p["summary"]}
     key = lambda r: (r["kernel"], r["fmt"], r["head_dim"], r["arch"])
-    summary = sorted([s for s in base["summary"] if s["fmt"] not in new] + [s for p in parts for s in p["summary"]], key=key)
-    compiled = [c for c in base["compiled"] if c["fmt"] not in new] + [c for p in parts for c in p["compiled"]]
+    summary = sorted([s for s in base["summary"] if key(s) not in keys] + [s for p in parts for s in p["summary"]], key=key)
+    served = lambda c: all((c["kernel"], c["fmt"], d, c["arch"]) in keys for d in c["head_dims"])
+    compiled = [c for c in base["compiled"] if not served(c)] + [c for p in parts for c in p["compiled"]]
+    left = {s["fmt"] for s in base["summary"] if key(s) not in keys}
+    runs = [dict(r, formats=[f for f in r["formats"] if f in left]) for r in base.get("runs", [_run(base, left, note)])]
+    runs = [r for r in runs if r["formats"]] + [_run(p, {s["fmt"] for s in p["summary"]}) for p in parts]
     return dict(base, summary=summary, compiled=compiled, runs=runs, archs=sorted({a for r in runs for a in r["archs"]}),
                 configurations=sum(r["configurations"] for r in runs), compiles=sum(r["compiles"] for r in runs),
                 seconds=sum(r["seconds"] for r in runs))

@@ -68,7 +68,7 @@ TILES = {   # (kernel, head-dim ceiling) -> {arch: Tile}; arch None: the interpr
     ("decode", 128):  {80: Tile(16, 0, 8, 2), 90: Tile(16, 0, 8, 2), None: Tile(64)},
     ("decode", 256):  {80: Tile(16, 0, 8, 2), 90: Tile(16, 0, 8, 2), None: Tile(64)},
     ("decode", 512):  {80: Tile(16, 0, 8, 2), 90: Tile(16, 0, 8, 2), None: Tile(64)},
-    ("prefill", 64):  {80: Tile(16, 64, 8, 1), 90: Tile(16, 64, 8, 1), None: Tile(64, 64)},
+    ("prefill", 64):  {80: Tile(16, 32, 8, 1), 90: Tile(16, 64, 8, 1), None: Tile(64, 64)},   # sm_80: 64 rows spill (bf16, tbq3)
     ("prefill", 128): {80: Tile(32, 64, 8, 1), 90: Tile(32, 64, 8, 1), None: Tile(64, 64)},
     ("prefill", 256): {80: Tile(16, 32, 8, 1), 90: Tile(16, 32, 8, 1), None: Tile(64, 64)},
     ("prefill", 512): {80: Tile(16, 16, 8, 1), 90: Tile(16, 16, 8, 1), None: Tile(64, 64)},
