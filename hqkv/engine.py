@@ -49,8 +49,7 @@ class Engine:
         if model is None: model = load_model(cfg.model, cfg.dtype, cfg.device, cfg.weights)
         elif isinstance(model, LoadedLM) and not _weights_fit(cfg.weights, weights_of(model)):
             raise ValueError(f"the model given has {weights_of(model)} weights, the config asks for "
-                             f"engine.weights={cfg.weights}: "
-                             "pass no model (the engine loads it that way) or "
+                             f"engine.weights={cfg.weights}: pass no model (the engine loads it that way) or "
                              "`hqkv.engine.load_model(..., weights=...)`'s")
         elif isinstance(model, LoadedLM):
             named = model.name in (DEFAULT_MODEL, *PACKAGED_MODELS)
@@ -217,8 +216,7 @@ def _check_prompt(self:Engine, ids:list, max_new_tokens:int):
                          "least one new token)")
     if n + max_new_tokens > C:
         raise ValueError(f"prompt of {n:,} tokens + max_new_tokens={max_new_tokens:,} exceeds "
-                         f"engine.max_context={C:,}: "
-                         f"ask for at most {C - n:,} new tokens")
+                         f"engine.max_context={C:,}: ask for at most {C - n:,} new tokens")
 
 @patch
 def cancel(self:Engine, r:Request) -> bool:

@@ -93,10 +93,9 @@ BAND_COLORS = {"used": "#4C72B0", "reserved": "#F0A35E", "retained": "#55A868", 
 
 def _fig_summary(s:PoolSample) -> str:
     m = s.metrics
-    return (f"step {s.step}: {len(s.seqs)} live requests · used {s.used} · reserved {s.reserved} · "
-            f"retained {s.retained} · "
-            f"free {s.free} of {s.total} pages · prefix-reused {m['hqkv_kv_prefix_reused_tokens_total']:,} tokens · "
-            f"evictions {m['hqkv_kv_pool_evictions_total']}")
+    return (f"step {s.step}: {len(s.seqs)} live requests · used {s.used} · reserved {s.reserved} · retained "
+            f"{s.retained} · free {s.free} of {s.total} pages · prefix-reused "
+            f"{m['hqkv_kv_prefix_reused_tokens_total']:,} tokens · evictions {m['hqkv_kv_pool_evictions_total']}")
 
 # %% ../nbs/60_monitor.ipynb #93fd2f95
 def pool_figure(samples,                 # `PoolSample`s in step order (e.g. `PoolMonitor.history`)

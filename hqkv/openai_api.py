@@ -60,9 +60,8 @@ def _no_control_tokens(msgs:list, tok):
     for i, m in enumerate(msgs):
         hit = next((t for t in special if t in m["content"]), None)
         if hit:
-            raise BadRequest(f"messages[{i}].content contains the control token {hit!r}; the server refuses them "
-                             "in chat content "
-                                 "(hqkv serve --allow-control-tokens lets them through)", param="messages")
+            raise BadRequest(f"messages[{i}].content contains the control token {hit!r}; the server refuses them in "
+                             "chat content (hqkv serve --allow-control-tokens lets them through)", param="messages")
 
 # %% ../nbs/43a_openai_api.ipynb #0d546ee5
 def chat_messages(msgs) -> list:
@@ -101,9 +100,8 @@ def _max_tokens(body:dict, n_prompt:int, engine:Engine, default:int) -> int:
         raise BadRequest(f"max_tokens must be a positive integer, got {m!r}", param="max_tokens")
     need = n_prompt + m
     if need > C:
-        raise BadRequest(f"prompt of {n_prompt} tokens + max_tokens {m} = {need} tokens exceeds the "
-                         f"context of {C} tokens "
-                                  f"(engine.max_context): ask for at most {max(0, C - n_prompt)} tokens",
+        raise BadRequest(f"prompt of {n_prompt} tokens + max_tokens {m} = {need} tokens exceeds the context of {C} "
+                         f"tokens (engine.max_context): ask for at most {max(0, C - n_prompt)} tokens",
                          param="max_tokens")
     if need > pool_tokens:
         raise BadRequest(f"prompt of {n_prompt} tokens + max_tokens {m} = {need} tokens can never fit the pool of "

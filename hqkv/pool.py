@@ -86,9 +86,8 @@ class KVPool:
         g = self.geometry = get_geometry(geometry)
         if self.plan.pages < 1:
             raise ValueError(f"budget {self.plan.budget} is smaller than one page: a page of {page_tokens} tokens of "
-                             f"{g.name} "
-                             f"in {kv_format} takes {self.plan.page_bytes:,} bytes ({self.plan.bytes_per_token:,} "
-                             "bytes a token)")
+                             f"{g.name} in {kv_format} takes {self.plan.page_bytes:,} bytes "
+                             f"({self.plan.bytes_per_token:,} bytes a token)")
         self.kv_format, self.page_tokens, self.row_bytes = kv_format, page_tokens, row_bytes(kv_format, g.head_dim)
         # {model layer id: format} of the keys not in kv_format
         self.key_formats: dict = dict(self.plan.key_formats)

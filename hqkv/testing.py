@@ -131,9 +131,8 @@ def check_top1(agree:Tensor, # bool [n]: the path's argmax equals the reference'
     bad = (~agree.bool()) & (margin.float() > eps)
     if bad.any():
         k = int(bad.nonzero()[0, 0])
-        raise AssertionError(f"{what}: {int(bad.sum())} of {len(agree)} positions disagree where the "
-                             "reference is decided "
-                             f"(position {k}: margin {float(margin[k]):.3g} > eps {eps:g})")
+        raise AssertionError(f"{what}: {int(bad.sum())} of {len(agree)} positions disagree where the reference is "
+                             f"decided (position {k}: margin {float(margin[k]):.3g} > eps {eps:g})")
     return int((~agree.bool()).sum())
 
 # %% ../nbs/03_testing.ipynb #28d29faf
