@@ -203,11 +203,12 @@ class HFModel:
         return HQKVCache(self.model, "bf16", window_sinks=0, window_recent=0, key_profile="off")
 
     def state(self, variant:KVVariant, profile=None):
-        "A fresh cache that keeps the K/V as `variant` says."
+        "A fresh cache that keeps the K/V as `variant` says (its own formats: a profile's bit plan is not applied)."
         from hqkv.hf import HQKVCache
         S, R = (variant.sinks, variant.recent) if variant.window else (0, 0)
         return HQKVCache(self.model, variant.kv_format, window_sinks=S, window_recent=R, key_profile=profile if variant.key_profile else "off",
-                         key_formats=dict(variant.key_formats) or None, value_formats=dict(variant.value_formats) or None, **codec_opts(variant.kv_format))
+                         key_formats=dict(variant.key_formats) or None, value_formats=dict(variant.value_formats) or None, bit_plan="off",
+                         **codec_opts(variant.kv_format))
 
     def forward(self, states:list, chunks:list, logits="none")->list: # per state: float32 logits [n, vocab] of its chunk's last n positions (None for "none")
         "Run each state's chunk through the model (one sequence at a time)."
