@@ -11,7 +11,7 @@ export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install demo test nbtest pytest check-clean docs readme docs-test screenshot chromium bench bench-context bench-engine bench-weights bench-serve bench-texts gpu-check kernel-check vllm-check clean
+.PHONY: install demo test nbtest pytest check-clean docs readme docs-test screenshot chromium bench bench-context bench-engine bench-weights bench-plan bench-serve bench-texts gpu-check kernel-check vllm-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -83,6 +83,12 @@ bench-engine: $(STAMP)
 ## tokens/s at 1K against transformers' own forward (nbs/16a_models.weights' slow cells -> nbs/results/weights.json)
 bench-weights: $(STAMP)
 	$(BIN)/nbdev-test --n-workers 1 --flags slow --timing --cell-timeout 3600 nbs/16a_models.weights.ipynb
+
+## bench-plan: the bit plan's proxy against the exact per-row measurement on three real models (ranking, plans evaluated on
+## KJV, time), then `hqkv calibrate --budget 2.5` for SmolLM2 and Qwen2.5 writing the profiles that ship in hqkv/data
+## (nbs/studies/59b_plan_proxy's slow cells -> nbs/results/plan_proxy.json)
+bench-plan: $(STAMP) bench-texts
+	$(BIN)/nbdev-test --n-workers 1 --flags slow --timing --cell-timeout 7200 nbs/studies/59b_plan_proxy.ipynb
 
 ## bench-context: attention alone for one layer at 1K-32K tokens, head dims 64/128/256, GQA 1/4/8, every format the CPU kernels
 ## read, against bf16 pages and the gather path, with a STREAM-like triad for the machine's bandwidth (nbs/34_attention.cpu's
