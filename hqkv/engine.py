@@ -106,10 +106,6 @@ def _build(self:Engine, cfg:EngineConfig):
     setup = cache_setup(cfg.kv_format, g.attn_ids, g.head_dim, prof, cfg.key_formats, cfg.value_formats, cfg.bit_plan,
                         g.kv_heads, lm.name)
     bp, kf, vf = setup.plan, setup.layout.key_formats, setup.layout.value_formats
-    if bp is not None:
-        if torch.device(cfg.device).type == "cuda" and cfg.attn is None:
-            _log.warning(f"kv.bit_plan: the key profile's plan ({bp.tag}) mixes formats the Triton kernels do not "
-                         "read; attention runs on the gather path (kv.bit_plan=off keeps the kernels)")
     p = plan(self.geometry, cfg.kv_format, cfg.kv_pool_bytes, context=cfg.max_context,
              exact_tokens=cfg.window_sinks + cfg.window_recent,
              key_formats=kf, value_formats=vf)   # a format for a layer the model does not have: ValueError
@@ -121,6 +117,9 @@ def _build(self:Engine, cfg:EngineConfig):
                   value_formats=p.value_formats, codec_opts=opts)
     softcap = getattr(text_config(lm.model.config), "attn_logit_softcapping", None) is not None
     attn = cfg.attn or default_backend(pool, softcap=softcap)
+    if bp is not None and pool.device.type == "cuda" and cfg.attn is None and not softcap and attn == "gather":
+        _log.warning(f"kv.bit_plan: the key profile's plan ({bp.tag}) holds a format the Triton kernels do not "
+                     "read; attention runs on the gather path (kv.bit_plan=off keeps the kernels)")
     paged = PagedKV(pool, window_sinks=cfg.window_sinks, window_recent=cfg.window_recent, attn=attn,
                     lanes=cfg.max_batch, key_profile=prof)
     # a model the backend cannot run (soft-capping on ref/triton, a profile with soft-capping): ValueError

@@ -30,7 +30,7 @@ def test_generate_json_settings_from_flag_env_and_file(tmp_path):
     assert j["decode_tokens_per_s"] > 0 and j["metrics"]["hqkv_kv_pool_used_pages"] == 0
 
 def test_generate_key_formats_from_config_file(tmp_path):
-    "kv.key_formats from a TOML table: the keys of layers 5 and 11 in tbq3, priced in the plan line, on the gather path."
+    "kv.key_formats from a TOML table: the keys of layers 5 and 11 in tbq3, priced in the plan line, on the default backend."
     cfg = tmp_path / "hqkv.toml"
     cfg.write_text('[kv]\nkey_formats = {5 = "tbq3", 11 = "tbq3"}\n')
     r = hqkv("generate", "In the beginning God created", "--max-tokens", "2", "--budget", "2Ktok", "--context", "256", "--json",
