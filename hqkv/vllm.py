@@ -24,10 +24,13 @@ __all__ = ['ENV_FORMAT', 'ENV_KEY_PROFILE', 'ENV_SLIDING', 'ENV_SINKS', 'ENV_REC
 # %% ../nbs/75_vllm.ipynb #bc108a79
 ENV_FORMAT = "HQKV_VLLM_FORMAT"            # the pages' format (e.g. hq-e8-2b, bf16); unset or "off": vLLM's own cache
 ENV_KEY_PROFILE = "HQKV_VLLM_KEY_PROFILE"  # a key profile file (`hqkv calibrate` writes them); unset: none
-ENV_SLIDING = "HQKV_VLLM_SLIDING_FORMAT"   # sliding-window layers' format (e.g. bf16: exact, as hqkv's own engine keeps them); unset: the same
-ENV_SINKS = "HQKV_VLLM_WINDOW_SINKS"       # a sequence's first tokens kept exact beside the codes (hqkv's kv.window_sinks); 0: none
+# sliding-window layers' format (e.g. bf16: exact, as hqkv's own engine keeps them); unset: the same
+ENV_SLIDING = "HQKV_VLLM_SLIDING_FORMAT"
+# a sequence's first tokens kept exact beside the codes (hqkv's kv.window_sinks); 0: none
+ENV_SINKS = "HQKV_VLLM_WINDOW_SINKS"
 ENV_RECENT = "HQKV_VLLM_WINDOW_RECENT"     # its latest tokens kept exact (hqkv's kv.window_recent); 0: none
-WINDOW_SINKS = 16    # hqkv's engine keeps 32; a vLLM sink page holds 18-24 bf16 tokens at --block-size 128 (see `sink_capacity`)
+# hqkv's engine keeps 32; a vLLM sink page holds 18-24 bf16 tokens at --block-size 128 (see `sink_capacity`)
+WINDOW_SINKS = 16
 WINDOW_RECENT = 512  # hqkv's engine's
 _KEYS = ("kv_format", "key_profile", "sliding_format", "window_sinks", "window_recent")
 
@@ -37,16 +40,20 @@ class VLLMSettings:
     kv_format: str|None = None   # a registered hqkv format, or None (the plugin is off)
     key_profile: str|None = None # path to a `KeyProfile` (.pt), or None
     sliding_format: str|None = None # sliding-window layers' format; None: `kv_format`
-    window_sinks: int = WINDOW_SINKS   # full-attention layers keep a sequence's first tokens exact (coded formats only); 0: none
+    # full-attention layers keep a sequence's first tokens exact (coded formats only); 0: none
+    window_sinks: int = WINDOW_SINKS
     window_recent: int = WINDOW_RECENT # ... and its latest tokens; 0: none
 
     def __post_init__(self):
         for f in (self.kv_format, self.sliding_format):
-            if f is not None and f not in list_codecs(): raise ValueError(f"hqkv vllm: unknown format {f!r}; supported: {', '.join(list_codecs())}")
-        if self.key_profile is not None and not isinstance(self.key_profile, str): raise TypeError(f"hqkv vllm: key_profile must be a path string, got {self.key_profile!r}")
+            if f is not None and f not in list_codecs():
+                raise ValueError(f"hqkv vllm: unknown format {f!r}; supported: {', '.join(list_codecs())}")
+        if self.key_profile is not None and not isinstance(self.key_profile, str):
+            raise TypeError(f"hqkv vllm: key_profile must be a path string, got {self.key_profile!r}")
         for n in ("window_sinks", "window_recent"):
             v = getattr(self, n)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0: raise ValueError(f"hqkv vllm: {n} must be an int >= 0, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"hqkv vllm: {n} must be an int >= 0, got {v!r}")
 
     @property
     def enabled(self) -> bool: return self.kv_format is not None
@@ -54,8 +61,10 @@ class VLLMSettings:
         "The format of a full-attention (False) or sliding-window (True) layer's pages."
         return (self.sliding_format or self.kv_format) if sliding else self.kv_format
     def window_for(self, sliding:bool) -> tuple[int, int]:
-        "(sinks, recent) kept exact beside a layer's pages: full-attention layers in a coded format only (a bf16 page is exact already; a sliding layer holds only its window)."
-        return (0, 0) if sliding or self.format_for(False) in (None, "bf16") else (self.window_sinks, self.window_recent)
+        "(sinks, recent) kept exact beside a layer's pages: full-attention layers in a coded format only."
+        # a bf16 page is exact already; a sliding layer holds only its window
+        if sliding or self.format_for(False) in (None, "bf16"): return (0, 0)
+        return (self.window_sinks, self.window_recent)
 
 def _count(name:str, v) -> int:
     "A window size from the environment (a string) or additional_config (an int)."
@@ -67,17 +76,21 @@ def _count(name:str, v) -> int:
 def vllm_settings(env:dict|None=None, # the environment (default: os.environ)
                   additional_config:dict|None=None, # vLLM's `additional_config`; its "hqkv" entry wins over env
                  ) -> VLLMSettings:
-    "The plugin's settings: additional_config['hqkv'] > HQKV_VLLM_* environment > defaults (off unless a format is set)."
+    "The plugin's settings: additional_config['hqkv'] > HQKV_VLLM_* environment > defaults (off without a format)."
     env = os.environ if env is None else env
     off = lambda v: v in (None, "", "off", "none")
     extra = (additional_config or {}).get("hqkv") or {}
-    if not isinstance(extra, dict): raise TypeError(f"additional_config['hqkv'] must be a dict, got {type(extra).__name__}")
+    if not isinstance(extra, dict):
+        raise TypeError(f"additional_config['hqkv'] must be a dict, got {type(extra).__name__}")
     unknown = set(extra) - set(_KEYS)
-    if unknown: raise ValueError(f"additional_config['hqkv']: unknown keys {sorted(unknown)}; known: {', '.join(_KEYS)}")
+    if unknown:
+        raise ValueError(f"additional_config['hqkv']: unknown keys {sorted(unknown)}; known: {', '.join(_KEYS)}")
     get = lambda k, e, d=None: extra.get(k, env.get(e, d))
-    fmt, prof, sw = get("kv_format", ENV_FORMAT), get("key_profile", ENV_KEY_PROFILE), get("sliding_format", ENV_SLIDING)
+    fmt, prof = get("kv_format", ENV_FORMAT), get("key_profile", ENV_KEY_PROFILE)
+    sw = get("sliding_format", ENV_SLIDING)
     return VLLMSettings(None if off(fmt) else fmt, None if off(prof) else str(prof), None if off(sw) else sw,
-                        _count(ENV_SINKS, get("window_sinks", ENV_SINKS, WINDOW_SINKS)), _count(ENV_RECENT, get("window_recent", ENV_RECENT, WINDOW_RECENT)))
+                        _count(ENV_SINKS, get("window_sinks", ENV_SINKS, WINDOW_SINKS)),
+                        _count(ENV_RECENT, get("window_recent", ENV_RECENT, WINDOW_RECENT)))
 
 # %% ../nbs/75_vllm.ipynb #06a77f3a
 def cell_bytes(kv_format:str, head_dim:int) -> int:
@@ -86,10 +99,13 @@ def cell_bytes(kv_format:str, head_dim:int) -> int:
 
 def sliding_block_size(block_size:int, # the full-attention layers' block size (vLLM's --block-size)
                        full_format:str, sliding_format:str, head_dim:int) -> int:
-    "The sliding layers' block size whose page has exactly the bytes of a full-attention page (vLLM makes all groups share one page size)."
+    "The sliding layers' block size whose page has exactly the bytes of a full-attention page."
+    # vLLM makes all KV cache groups share one page size
     num, den = block_size * cell_bytes(full_format, head_dim), cell_bytes(sliding_format, head_dim)
-    if num % den: raise ValueError(f"hqkv vllm: a {block_size}-token {full_format} page ({num} B) is not a whole number of {sliding_format} tokens ({den} B each); "
-                                   f"use a block size that is a multiple of {den // math.gcd(den, cell_bytes(full_format, head_dim))}")
+    if num % den:
+        raise ValueError(f"hqkv vllm: a {block_size}-token {full_format} page ({num} B) is not a whole number of "
+                         f"{sliding_format} tokens ({den} B each); use a block size that is a multiple of "
+                         f"{den // math.gcd(den, cell_bytes(full_format, head_dim))}")
     return num // den
 
 def capacity_ratio(kv_format:str, head_dim:int,
@@ -125,7 +141,8 @@ def paged_batch(query_start_loc:Tensor, # int [B+1]
     if bool((prefix < 0).any()): raise ValueError(f"seq_lens {sl.tolist()} shorter than the query lengths")
     n_pages = (prefix + block_size - 1) // block_size
     bt = block_table[:B].cpu()
-    if B and int(n_pages.max()) > bt.shape[1]: raise ValueError(f"block_table has {bt.shape[1]} columns, a prefix needs {int(n_pages.max())}")
+    if B and int(n_pages.max()) > bt.shape[1]:
+        raise ValueError(f"block_table has {bt.shape[1]} columns, a prefix needs {int(n_pages.max())}")
     keep = torch.arange(bt.shape[1])[None, :] < n_pages[:, None]
     i32 = lambda t: t.to(torch.int32)
     indptr = torch.zeros(B + 1, dtype=torch.int64); indptr[1:] = n_pages.cumsum(0)
@@ -143,11 +160,13 @@ def _check_kernels(kernels:str):
     if kernels not in KERNELS: raise ValueError(f"hqkv vllm: unknown kernels {kernels!r}; known: {', '.join(KERNELS)}")
 
 def kv_views(kv_cache:Tensor, # uint8 [num_blocks, kv_heads, block_size, 2 * row_bytes] (vLLM's LBHNC page)
-             codec:Codec) -> tuple[Tensor, Tensor]: # k_pages, v_pages: uint8 [num_blocks, block_size, kv_heads, row_bytes] views
+             codec:Codec,
+            ) -> tuple[Tensor, Tensor]: # k_pages, v_pages: uint8 [num_blocks, block_size, kv_heads, row_bytes] views
     "The key and value pages of a vLLM cache tensor, in hqkv's page order (views, no copy)."
     rb = codec.row_bytes
     if kv_cache.dtype != torch.uint8 or kv_cache.ndim != 4 or kv_cache.shape[-1] != 2 * rb:
-        raise ValueError(f"kv_cache must be uint8 [blocks, kv_heads, block_size, {2 * rb}] for {codec.name} at head_dim {codec.head_dim}, got {kv_cache.dtype} {tuple(kv_cache.shape)}")
+        raise ValueError(f"kv_cache must be uint8 [blocks, kv_heads, block_size, {2 * rb}] for {codec.name} at "
+                         f"head_dim {codec.head_dim}, got {kv_cache.dtype} {tuple(kv_cache.shape)}")
     return kv_cache[..., :rb].transpose(1, 2), kv_cache[..., rb:].transpose(1, 2)
 
 def _put_cells(cache:Tensor, # uint8 [num_blocks, kv_heads, block_size, C]
@@ -167,19 +186,22 @@ def store_rows(kv_cache:Tensor, # uint8 [num_blocks, kv_heads, block_size, 2 * r
     ok = slot_mapping >= 0
     s = slot_mapping[ok].long()
     if not s.numel(): return
-    if kernels == "triton":                     # hqkv's store kernel writes through the strided views: slot = block * block_size + offset
+    if kernels == "triton":  # hqkv's store kernel writes through the strided views: slot = block * block_size + offset
         from hqkv.kernels.store import store
-        return store(key[ok].float().contiguous(), value[ok].float().contiguous(), k_pages, v_pages, s.contiguous(), codec)
+        k, v = key[ok].float().contiguous(), value[ok].float().contiguous()
+        return store(k, v, k_pages, v_pages, s.contiguous(), codec)
     _put_cells(kv_cache, s, torch.cat([codec.encode(key[ok]), codec.encode(value[ok])], -1))
 
 def attend(query:Tensor, # float [>= num_tokens, Hq, D] (profiled when a key profile is on)
-           key:Tensor, value:Tensor, # float [>= num_tokens, kv_heads, D]: the chunk's own exact K/V (keys profiled alike)
+           # float [>= num_tokens, kv_heads, D]: the chunk's own exact K/V (keys profiled alike)
+           key:Tensor, value:Tensor,
            kv_cache:Tensor, batch:PagedBatch, codec:Codec,
            scale:float, # softmax scale
            window:ExactWindow|None=None, # each request's exact recent rows (`window_of`), request b in slot b
            kernels:str="ref", # `KERNELS`
           ) -> Tensor: # [num_tokens, Hq, D] in query's dtype
-    "Every new token attends to its sequence's coded prefix pages (exact where the window holds the row) plus its chunk's exact K/V, causally."
+    "Every new token attends to its sequence's coded prefix pages plus its chunk's exact K/V, causally."
+    # prefix rows the window holds are read from the window (exact) instead of their codes
     _check_kernels(kernels)
     k_pages, v_pages = kv_views(kv_cache, codec)
     T = batch.num_tokens
@@ -187,10 +209,13 @@ def attend(query:Tensor, # float [>= num_tokens, Hq, D] (profiled when a key pro
     if kernels == "triton":                     # hqkv's prefill kernel reads vLLM's strided page views as they are
         from hqkv.kernels.prefill import prefill
         bs = batch.block_size
-        if bs & (bs - 1): raise ValueError(f"hqkv vllm: the Triton kernels read pages of a power-of-two block size, got {bs} (vLLM's --block-size)")
+        if bs & (bs - 1):
+            raise ValueError(f"hqkv vllm: the Triton kernels read pages of a power-of-two block size, got {bs} "
+                             "(vLLM's --block-size)")
         dev = kv_cache.device; on = lambda t: None if t is None else t.to(dev)
-        return prefill(query[:T], key[:T], value[:T], on(batch.qo_indptr), k_pages, v_pages, on(batch.indptr), on(batch.indices),
-                       on(batch.prefix_lens), codec, scale=scale, window=window, window_slots=on(slots))
+        return prefill(query[:T], key[:T], value[:T], on(batch.qo_indptr), k_pages, v_pages,
+                       on(batch.indptr), on(batch.indices), on(batch.prefix_lens), codec,
+                       scale=scale, window=window, window_slots=on(slots))
     return paged_prefill(query[:T], key[:T], value[:T], batch.qo_indptr, k_pages, v_pages, batch.indptr, batch.indices,
                          batch.prefix_lens, codec, scale=scale, window=window, window_slots=slots)
 
@@ -207,12 +232,14 @@ def attend_window(query:Tensor, key:Tensor, value:Tensor, # as `attend`
     for b, p in enumerate(pl):
         a, e = qo[b], qo[b + 1]
         if e == a: continue
-        pos = torch.arange(max(0, p - window + 1), p)                       # the prefix rows any of the chunk's queries sees
+        pos = torch.arange(max(0, p - window + 1), p)  # the prefix rows any of the chunk's queries sees
         blk, off = batch.block_table[b, pos // bs], pos % bs
-        k = torch.cat([codec.decode(k_pages[blk, off]), key[a:e].float()]); v = torch.cat([codec.decode(v_pages[blk, off]), value[a:e].float()])
+        k = torch.cat([codec.decode(k_pages[blk, off]), key[a:e].float()])
+        v = torch.cat([codec.decode(v_pages[blk, off]), value[a:e].float()])
         kpos, qpos = torch.cat([pos, torch.arange(p, p + e - a)]), torch.arange(p, p + e - a)
         mask = (kpos[None, :] <= qpos[:, None]) & (kpos[None, :] > qpos[:, None] - window)
-        o = F.scaled_dot_product_attention(query[a:e].float().transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale, enable_gqa=True)
+        o = F.scaled_dot_product_attention(query[a:e].float().transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                           attn_mask=mask, scale=scale, enable_gqa=True)
         out[a:e] = o.transpose(0, 1).to(query.dtype)
     return out
 
@@ -227,7 +254,8 @@ def _exact_rows(key:Tensor, value:Tensor, codec:Codec) -> Tensor: # uint8 [n, kv
 
 def _check_exact_pages(pages:Tensor, D:int, what:str):
     if pages.dtype != torch.uint8 or pages.ndim != 4 or pages.shape[-1] != cell_bytes("bf16", D):
-        raise ValueError(f"{what} pages must be uint8 [blocks, kv_heads, block_size, {cell_bytes('bf16', D)}] at head_dim {D}, got {pages.dtype} {tuple(pages.shape)}")
+        raise ValueError(f"{what} pages must be uint8 [blocks, kv_heads, block_size, {cell_bytes('bf16', D)}] at "
+                         f"head_dim {D}, got {pages.dtype} {tuple(pages.shape)}")
 
 def store_window(win_cache:Tensor, # uint8 [num_blocks, kv_heads, block_size, 4 * head_dim]: the recent group's pages
                  key:Tensor, value:Tensor, # float [n, kv_heads, head_dim]: the step's new K/V (keys profiled)
@@ -246,31 +274,39 @@ def store_sinks(sink_cache:Tensor, # uint8 [num_blocks, kv_heads, block_size, 4 
                 sinks:int, codec:Codec):
     "Write the step's rows at positions < `sinks` into each request's sink block (offset = position)."
     _check_exact_pages(sink_cache, codec.head_dim, "sink")
-    if sinks > sink_cache.shape[2]: raise ValueError(f"hqkv vllm: {sinks} sinks do not fit a sink page of {sink_cache.shape[2]} tokens")
-    if not len(batch.prefix_lens) or int(batch.prefix_lens.min()) >= sinks: return   # every request past its sinks (decode steps)
+    if sinks > sink_cache.shape[2]:
+        raise ValueError(f"hqkv vllm: {sinks} sinks do not fit a sink page of {sink_cache.shape[2]} tokens")
+    # every request past its sinks (decode steps)
+    if not len(batch.prefix_lens) or int(batch.prefix_lens.min()) >= sinks: return
     qo, pl = batch.qo_indptr.tolist(), batch.prefix_lens.tolist()
     for b, P in enumerate(pl):
         m = min(sinks, P + qo[b + 1] - qo[b]) - P          # this step's tokens that are sinks
-        if m > 0: sink_cache[int(blocks[b]), :, P:P + m] = _exact_rows(key[qo[b]:qo[b] + m], value[qo[b]:qo[b] + m], codec).transpose(0, 1)
+        if m > 0:
+            rows = _exact_rows(key[qo[b]:qo[b] + m], value[qo[b]:qo[b] + m], codec)
+            sink_cache[int(blocks[b]), :, P:P + m] = rows.transpose(0, 1)
 
 def window_of(prefix_lens:Tensor, # int [B]: each request's prefix P
               sinks:int, recent:int, # the window: positions [0, sinks) and [P - recent, P)
-              win_cache:Tensor|None=None, win_batch:PagedBatch|None=None, # the recent group's pages and batch (recent > 0)
-              sink_cache:Tensor|None=None, sink_blocks:Tensor|None=None, # the sink group's pages and each request's block (sinks > 0)
+              # the recent group's pages and batch (recent > 0)
+              win_cache:Tensor|None=None, win_batch:PagedBatch|None=None,
+              # the sink group's pages and each request's block (sinks > 0)
+              sink_cache:Tensor|None=None, sink_blocks:Tensor|None=None,
              ) -> ExactWindow: # request b's rows in slot b
-    "Each request's exact rows, read from the window's page groups into an `ExactWindow` (one gather per group for the whole batch)."
+    "Each request's exact rows, read from the window's page groups into an `ExactWindow`."
+    # one gather per group for the whole batch
     pages = win_cache if recent else sink_cache
     B, H, D, dev = prefix_lens.shape[0], pages.shape[1], pages.shape[-1] // 4, pages.device
     w = ExactWindow.allocate(B, H, D, sinks=sinks, recent=recent, device=dev)
     P = prefix_lens.to(dev).long()
-    w.lens.copy_(P)          # rows the window does not hold (past P, before P - recent) are read but never used: `lookup` masks by lens
+    # rows the window does not hold (past P, before P - recent) are read but never used: `lookup` masks by lens
+    w.lens.copy_(P)
     if sinks:
-        rows = sink_cache[sink_blocks.to(dev).long(), :, :sinks].transpose(1, 2).view(torch.bfloat16)        # [B, S, H, 2D]
+        rows = sink_cache[sink_blocks.to(dev).long(), :, :sinks].transpose(1, 2).view(torch.bfloat16)  # [B, S, H, 2D]
         w.k_sink.copy_(rows[..., :D]); w.v_sink.copy_(rows[..., D:])
     if recent:
         bs, bt = win_batch.block_size, win_batch.block_table.to(dev)
-        pos = (P[:, None] - recent + torch.arange(recent, device=dev)).clamp_min(0)                             # [B, R]: P - R .. P - 1
-        rows = win_cache[bt.gather(1, pos // bs), :, pos % bs].view(torch.bfloat16)                             # [B, R, H, 2D]
+        pos = (P[:, None] - recent + torch.arange(recent, device=dev)).clamp_min(0)  # [B, R]: P - R .. P - 1
+        rows = win_cache[bt.gather(1, pos // bs), :, pos % bs].view(torch.bfloat16)  # [B, R, H, 2D]
         b = torch.arange(B, device=dev)[:, None]
         w.k_recent[b, pos % recent], w.v_recent[b, pos % recent] = rows[..., :D], rows[..., D:]
     return w
@@ -284,7 +320,8 @@ def layer_index(layer_name:str) -> int:
 
 def shard_profile(profile, # a `hqkv.keyprofile.KeyProfile` over all KV heads
                   rank:int, world:int) -> object: # the profile of this tensor-parallel rank's KV heads
-    "The profile slice of one tensor-parallel rank (KV heads are split evenly and in order; replicated when fewer heads than ranks)."
+    "The profile slice of one tensor-parallel rank."
+    # KV heads are split evenly and in order; replicated when there are fewer heads than ranks
     H = profile.kv_heads
     if world <= 1: return profile
     if H >= world:
@@ -295,7 +332,8 @@ def shard_profile(profile, # a `hqkv.keyprofile.KeyProfile` over all KV heads
 
 # %% ../nbs/75_vllm.ipynb #d28095b1
 _CLASSES: dict = {}
-_SLIDING_BLOCK: dict = {}   # (full format, sliding format, head_dim) -> the sliding layers' block size, fixed at first use
+# (full format, sliding format, head_dim) -> the sliding layers' block size, fixed at first use
+_SLIDING_BLOCK: dict = {}
 
 def _profile_for(settings:VLLMSettings):
     "The key profile of this process's tensor-parallel rank, or None."
@@ -341,39 +379,52 @@ def _builder_class():
             self.block_size = kv_cache_spec.block_size
         def build(self, common_prefix_len, common_attn_metadata, fast_build=False) -> PagedBatch:
             c = common_attn_metadata
-            return paged_batch(c.query_start_loc_cpu, c.seq_lens, c.block_table_tensor, c.slot_mapping, self.block_size, c.num_actual_tokens)
+            return paged_batch(c.query_start_loc_cpu, c.seq_lens, c.block_table_tensor, c.slot_mapping, self.block_size,
+                               c.num_actual_tokens)
 
     class HQKVSinkBuilder(HQKVMetadataBuilder):
         "The sink group's metadata: one block per request (its block table's first column)."
         def build(self, common_prefix_len, common_attn_metadata, fast_build=False) -> SinkBatch:
             c = common_attn_metadata
             qsl, B = c.query_start_loc_cpu.long(), c.seq_lens.shape[0]
-            return SinkBatch(c.block_table_tensor[:B, 0].cpu().long(), (c.seq_lens.cpu().long() - (qsl[1:] - qsl[:-1])).to(torch.int32))
+            return SinkBatch(c.block_table_tensor[:B, 0].cpu().long(),
+                             (c.seq_lens.cpu().long() - (qsl[1:] - qsl[:-1])).to(torch.int32))
     return HQKVMetadataBuilder, HQKVSinkBuilder
 
 # %% ../nbs/75_vllm.ipynb #02259da6
 def _add_window_layers(self):
-    "After loading, before vLLM asks every layer for its KV cache spec: put the window layers of `self` (an `HQKVAttentionImpl`) beside it."
+    "Put the window layers of `self` (an `HQKVAttentionImpl`) beside it."
+    # after loading, before vLLM asks every layer for its KV cache spec
     parts = {k: n for k, n in (("sinks", self.sinks), ("recent", self.recent)) if n and k not in self.window}
     if not parts: return
     cap = _paired_block(self.codec.name, "bf16", self.head_size)
-    if self.sinks > cap: raise ValueError(f"hqkv vllm: window_sinks={self.sinks} does not fit one sink page ({cap} bf16 tokens at head_dim {self.head_size} "
-                                          f"beside {self.codec.name} pages); use window_sinks <= {cap} or a larger --block-size")
+    if self.sinks > cap:
+        raise ValueError(f"hqkv vllm: window_sinks={self.sinks} does not fit one sink page ({cap} bf16 tokens at "
+                         f"head_dim {self.head_size} beside {self.codec.name} pages); use window_sinks <= {cap} or a "
+                         "larger --block-size")
     name = next((n for n, l in (self._context or {}).items() if getattr(l, "impl", None) is self), None)
-    if name is None: raise RuntimeError("hqkv vllm: this attention layer is not in vLLM's forward context, so its exact window has nowhere to go")
+    if name is None:
+        raise RuntimeError("hqkv vllm: this attention layer is not in vLLM's forward context, so its exact window "
+                           "has nowhere to go")
     for kind, n in parts.items():
-        w = _CLASSES["HQKVWindowLayer"](f"{name}.hqkv_{kind}", self.num_kv_heads, self.head_size, self.codec.name, kind, n)
+        w = _CLASSES["HQKVWindowLayer"](f"{name}.hqkv_{kind}", self.num_kv_heads, self.head_size, self.codec.name,
+                                        kind, n)
         if w.layer_name in self._context: raise ValueError(f"Duplicate layer name: {w.layer_name}")
         self._context[w.layer_name] = self.window[kind] = w
 
 def _exact_window(self, batch:PagedBatch, k:Tensor, v:Tensor) -> ExactWindow:
-    "Store the step's rows in the window's page groups of `self` (an `HQKVAttentionImpl`) and read each request's window back."
-    if len(self.window) != bool(self.sinks) + bool(self.recent): raise RuntimeError(f"hqkv vllm: window {self.sinks}+{self.recent} but its layers were not added (process_weights_after_loading did not run)")
+    "Store the step's rows in the window's page groups of `self` (an `HQKVAttentionImpl`); read each request's window."
+    if len(self.window) != bool(self.sinks) + bool(self.recent):
+        raise RuntimeError(f"hqkv vllm: window {self.sinks}+{self.recent} but its layers were not added "
+                           "(process_weights_after_loading did not run)")
     from vllm.forward_context import get_forward_context
     md = get_forward_context().attn_metadata
-    if not isinstance(md, dict): raise NotImplementedError(f"hqkv vllm: the exact window needs per-layer metadata, got {type(md).__name__} (speculative decoding is not supported)")
+    if not isinstance(md, dict):
+        raise NotImplementedError(f"hqkv vllm: the exact window needs per-layer metadata, got {type(md).__name__} "
+                                  "(speculative decoding is not supported)")
     got = {kind: (md[w.layer_name], w.kv_cache) for kind, w in self.window.items()}
-    if any(not torch.equal(b.prefix_lens, batch.prefix_lens) for b, _ in got.values()): raise RuntimeError("hqkv vllm: a window group's batch disagrees with the coded pages' batch")
+    if any(not torch.equal(b.prefix_lens, batch.prefix_lens) for b, _ in got.values()):
+        raise RuntimeError("hqkv vllm: a window group's batch disagrees with the coded pages' batch")
     (wb, wc), (sb, sc) = got.get("recent", (None, None)), got.get("sinks", (None, None))
     if wc is not None: store_window(wc, k, v, wb.slot_mapping, self.codec)
     if sc is not None: store_sinks(sc, k, v, batch, sb.blocks, self.sinks, self.codec)
@@ -386,57 +437,70 @@ def _impl_class():
     log = init_logger("vllm.hqkv")
 
     class HQKVAttentionImpl(AttentionImpl):
-        "Store through slot_mapping, attend over the coded pages (hqkv's torch reference), the exact window from its own page group."
+        "Store through slot_mapping, attend over the coded pages, the exact window from its own page group."
+        # the attention: hqkv's torch reference on CPU, its Triton kernels on CUDA (`kernels_for`)
         def __init__(self, num_heads, head_size, scale, num_kv_heads=None, alibi_slopes=None, sliding_window=None,
                      kv_cache_dtype="auto", logits_soft_cap=None, attn_type=AttentionType.DECODER,
                      kv_sharing_target_layer_name=None, sinks=None, **kwargs):
             what = [n for n, bad in (("alibi_slopes", alibi_slopes is not None),
                                      ("logits_soft_cap", bool(logits_soft_cap)), ("attention sinks", sinks is not None),
                                      (f"attn_type={attn_type}", attn_type != AttentionType.DECODER),
-                                     (f"kv_cache_dtype={kv_cache_dtype}", kv_cache_dtype != "auto"), ("kwargs " + ",".join(kwargs), bool(kwargs))) if bad]
+                                     (f"kv_cache_dtype={kv_cache_dtype}", kv_cache_dtype != "auto"),
+                                     ("kwargs " + ",".join(kwargs), bool(kwargs))) if bad]
             if what: raise NotImplementedError(f"hqkv vllm backend does not implement {', '.join(what)}")
             self.num_heads, self.head_size, self.scale = num_heads, head_size, float(scale)
             self.num_kv_heads = num_kv_heads or num_heads
             self.kv_cache_dtype, self.attn_type, self.sliding_window = kv_cache_dtype, attn_type, sliding_window
             self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
             self.settings = _current_settings()
-            if not self.settings.enabled: raise RuntimeError(f"hqkv vllm backend is registered but no format is set ({ENV_FORMAT} or additional_config['hqkv'])")
+            if not self.settings.enabled:
+                raise RuntimeError(f"hqkv vllm backend is registered but no format is set ({ENV_FORMAT} or "
+                                   "additional_config['hqkv'])")
             self.codec = get_codec(self.settings.format_for(sliding_window is not None), head_size)
             self.sinks, self.recent = self.settings.window_for(sliding_window is not None)
-            self.window = {}         # "sinks" / "recent": the `HQKVWindowLayer`s beside this layer (added after loading)
+            self.window = {}  # "sinks" / "recent": the `HQKVWindowLayer`s beside this layer (added after loading)
             from vllm.config import get_current_vllm_config_or_none
             cfg = get_current_vllm_config_or_none()
             self._context = None if cfg is None else cfg.compilation_config.static_forward_context
             self.profile = _profile_for(self.settings)
-            if self.profile is not None and (self.profile.kv_heads, self.profile.head_dim) != (self.num_kv_heads, head_size):
-                raise ValueError(f"hqkv vllm: key profile is {self.profile.kv_heads} KV heads x {self.profile.head_dim}, this layer {self.num_kv_heads} x {head_size}")
+            prof = self.profile
+            if prof is not None and (prof.kv_heads, prof.head_dim) != (self.num_kv_heads, head_size):
+                raise ValueError(f"hqkv vllm: key profile is {self.profile.kv_heads} KV heads x "
+                                 f"{self.profile.head_dim}, this layer {self.num_kv_heads} x {head_size}")
             self._slot = {}
-            log.info_once(f"hqkv pages: kv_format={self.codec.name} head_dim={head_size} cell_bytes={cell_bytes(self.codec.name, head_size)} "
-                          f"kv_heads={self.num_kv_heads} window={self.sinks}+{self.recent} key_profile={'off' if self.profile is None else self.settings.key_profile}")
+            log.info_once(f"hqkv pages: kv_format={self.codec.name} head_dim={head_size} "
+                          f"cell_bytes={cell_bytes(self.codec.name, head_size)} kv_heads={self.num_kv_heads} "
+                          f"window={self.sinks}+{self.recent} "
+                          f"key_profile={'off' if self.profile is None else self.settings.key_profile}")
 
         def process_weights_after_loading(self, act_dtype): _add_window_layers(self)
 
         def _profile_slot(self, layer) -> int|None:
-            "The layer's slot in the key profile, or None when the profile has no entry for it (e.g. Gemma 3's sliding layers)."
+            "The layer's slot in the key profile, or None when the profile has none (e.g. Gemma 3's sliding layers)."
             name = layer.layer_name
             if name not in self._slot:
                 i = layer_index(name)
                 self._slot[name] = self.profile.layers.index(i) if i in self.profile.layers else None
             return self._slot[name]
 
-        def _exact_window(self, batch:PagedBatch, k:Tensor, v:Tensor) -> ExactWindow: return _exact_window(self, batch, k, v)
+        def _exact_window(self, batch:PagedBatch, k:Tensor, v:Tensor) -> ExactWindow:
+            return _exact_window(self, batch, k, v)
 
-        def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None, output_block_scale=None):
-            if output_scale is not None or output_block_scale is not None: raise NotImplementedError("hqkv vllm backend: fused output quantization")
+        def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None,
+                    output_block_scale=None):
+            if output_scale is not None or output_block_scale is not None:
+                raise NotImplementedError("hqkv vllm backend: fused output quantization")
             if attn_metadata is None: return output                  # vLLM's warm-up / profile run
             T = attn_metadata.num_tokens
             q = query[:T].view(T, self.num_heads, self.head_size)
-            k = key[:T].view(T, self.num_kv_heads, self.head_size); v = value[:T].view(T, self.num_kv_heads, self.head_size)
+            k = key[:T].view(T, self.num_kv_heads, self.head_size)
+            v = value[:T].view(T, self.num_kv_heads, self.head_size)
             slot = None if self.profile is None else self._profile_slot(layer)
             if slot is not None: k, q = self.profile.apply_keys(slot, k), self.profile.apply_query(slot, q)
             kernels = kernels_for(kv_cache.device)
             store_rows(kv_cache, k, v, attn_metadata.slot_mapping, self.codec, kernels)
-            if self.sliding_window is not None: o = attend_window(q, k, v, kv_cache, attn_metadata, self.codec, self.scale, self.sliding_window)
+            if self.sliding_window is not None:
+                o = attend_window(q, k, v, kv_cache, attn_metadata, self.codec, self.scale, self.sliding_window)
             else:
                 win = self._exact_window(attn_metadata, k, v) if self.sinks or self.recent else None
                 o = attend(q, k, v, kv_cache, attn_metadata, self.codec, self.scale, window=win, kernels=kernels)
@@ -482,12 +546,14 @@ def _backend_classes(builder, sink_builder, impl):
             "One cell = key row + value row of the format, in bytes: vLLM sizes pages (and counts capacity) from this."
             s = _current_settings()
             if spec.state_content_bytes is not None or not s.enabled: return spec
-            if spec.head_size_v != spec.head_size: raise NotImplementedError(f"hqkv vllm: head_size_v {spec.head_size_v} != head_size {spec.head_size}")
+            if spec.head_size_v != spec.head_size:
+                raise NotImplementedError(f"hqkv vllm: head_size_v {spec.head_size_v} != head_size {spec.head_size}")
             fmt = s.format_for(isinstance(spec, SlidingWindowSpec))
             return dataclasses.replace(spec, dtype=torch.uint8, state_content_bytes=cell_bytes(fmt, spec.head_size))
 
     class HQKVWindowBackend(HQKVAttentionBackend):
-        "The exact window's recent rows: [blocks, kv_heads, block_size, bf16 key row | bf16 value row] as uint8; its coded layer reads them."
+        "The exact window's recent rows, which its coded layer reads."
+        # pages: [blocks, kv_heads, block_size, bf16 key row | bf16 value row] as uint8
         @staticmethod
         def get_supported_kernel_block_sizes(kv_cache_spec=None):
             return [_paired_block(_current_settings().format_for(False), "bf16", kv_cache_spec.head_size)]
@@ -504,28 +570,39 @@ def _window_layer_class(recent_backend, sink_backend):
     from vllm.v1.kv_cache_interface import CircularBufferSpec, SlidingWindowSpec
 
     class HQKVWindowLayer(AttentionLayerBase):
-        "One part of a coded layer's exact window, in its own KV cache group of bf16 rows: the latest `n` tokens, or the first `n` (the sinks)."
+        "One part of a coded layer's exact window, in its own KV cache group of bf16 rows."
+        # kind 'recent': the latest `n` tokens; 'sinks': the first `n`
         def __init__(self, layer_name:str, num_kv_heads:int, head_size:int, kv_format:str, kind:str, n:int):
-            if kind not in ("recent", "sinks"): raise ValueError(f"HQKVWindowLayer: kind must be 'recent' or 'sinks', got {kind!r}")
-            self.layer_name, self.num_kv_heads, self.head_size, self.kv_format, self.kind, self.n = layer_name, num_kv_heads, head_size, kv_format, kind, n
+            if kind not in ("recent", "sinks"):
+                raise ValueError(f"HQKVWindowLayer: kind must be 'recent' or 'sinks', got {kind!r}")
+            self.layer_name, self.num_kv_heads, self.head_size = layer_name, num_kv_heads, head_size
+            self.kv_format, self.kind, self.n = kv_format, kind, n
             self.kv_cache = torch.tensor([])
         def get_attn_backend(self): return recent_backend if self.kind == "recent" else sink_backend
         def get_kv_cache_spec(self, vllm_config):
-            common = dict(block_size=_paired_block(self.kv_format, "bf16", self.head_size), num_kv_heads=self.num_kv_heads, head_size=self.head_size,
+            common = dict(block_size=_paired_block(self.kv_format, "bf16", self.head_size),
+                          num_kv_heads=self.num_kv_heads, head_size=self.head_size,
                           dtype=torch.uint8, state_content_bytes=cell_bytes("bf16", self.head_size))
-            # recent: vLLM keeps the `n` rows before each chunk (a window of n + 1 counts the query); sinks: one block per request for its life
-            return SlidingWindowSpec(sliding_window=self.n + 1, **common) if self.kind == "recent" else CircularBufferSpec(**common)
-        def __repr__(self): return f"HQKVWindowLayer({self.layer_name!r}, {self.kind}={self.n}, kv_heads={self.num_kv_heads}, head_size={self.head_size})"
+            # recent: vLLM keeps the `n` rows before each chunk (a window of n + 1 counts the query);
+            # sinks: one block per request for its life
+            if self.kind == "recent": return SlidingWindowSpec(sliding_window=self.n + 1, **common)
+            return CircularBufferSpec(**common)
+        def __repr__(self):
+            return (f"HQKVWindowLayer({self.layer_name!r}, {self.kind}={self.n}, kv_heads={self.num_kv_heads}, "
+                    f"head_size={self.head_size})")
     return HQKVWindowLayer
 
 # %% ../nbs/75_vllm.ipynb #02456427
-_NAMES = ("HQKVAttentionBackend", "HQKVWindowBackend", "HQKVSinkBackend", "HQKVAttentionImpl", "HQKVMetadataBuilder", "HQKVSinkBuilder", "HQKVWindowLayer")
+_NAMES = ("HQKVAttentionBackend", "HQKVWindowBackend", "HQKVSinkBackend",
+          "HQKVAttentionImpl", "HQKVMetadataBuilder", "HQKVSinkBuilder", "HQKVWindowLayer")
 
 def _build_classes() -> dict:
     "Define the vLLM classes (needs vllm)."
     (builder, sink_builder), impl = _builder_class(), _impl_class()
     backend, recent_backend, sink_backend = _backend_classes(builder, sink_builder, impl)
-    return dict(zip(_NAMES, (backend, recent_backend, sink_backend, impl, builder, sink_builder, _window_layer_class(recent_backend, sink_backend))))
+    return dict(zip(_NAMES,
+                    (backend, recent_backend, sink_backend, impl, builder, sink_builder,
+                     _window_layer_class(recent_backend, sink_backend))))
 
 def __getattr__(name):
     if name in _NAMES:
@@ -539,10 +616,13 @@ def __getattr__(name):
 BACKEND_PATH = "hqkv.vllm.HQKVAttentionBackend"
 
 def register(env:dict|None=None) -> str|None: # the backend path registered, or None when off
-    "vLLM general plugin: route the CPU platform's attention (CPU_ATTN), and CUSTOM on CUDA, to hqkv pages when HQKV_VLLM_FORMAT is set."
+    "vLLM general plugin: route attention to hqkv pages when HQKV_VLLM_FORMAT is set."
+    # the CPU platform's attention (CPU_ATTN), and CUSTOM on CUDA
     s = vllm_settings(env)
     if not s.enabled: return None
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
-    register_backend(AttentionBackendEnum.CPU_ATTN, BACKEND_PATH)   # the CPU platform ignores CUSTOM but honours its own slot
-    register_backend(AttentionBackendEnum.CUSTOM, BACKEND_PATH)     # CUDA: chosen with --attention-backend CUSTOM (untested: no GPU)
+    # the CPU platform ignores CUSTOM but honours its own slot
+    register_backend(AttentionBackendEnum.CPU_ATTN, BACKEND_PATH)
+    # CUDA: chosen with --attention-backend CUSTOM (untested: no GPU)
+    register_backend(AttentionBackendEnum.CUSTOM, BACKEND_PATH)
     return BACKEND_PATH
