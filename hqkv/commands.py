@@ -22,13 +22,15 @@ def _prompt_text(a) -> str:
     if a.file != "-" and not Path(a.file).is_file(): raise ValueError(f"--file {a.file}: no such file")
     raw = sys.stdin.buffer.read() if a.file == "-" else Path(a.file).read_bytes()
     try: return raw.decode("utf-8")
-    except UnicodeDecodeError as e: raise ValueError(f"{where} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{where} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
 
 def _engine(cfg:EngineConfig):
-    "A command's engine; engine.max_context left at its default is cut to the model's own context (SmolLM2-135M: 8,192, not 32,768)."
+    "A command's engine; engine.max_context left at its default is cut to the model's own context."
+    # e.g. SmolLM2-135M: 8,192, not 32,768
     from hqkv.engine import Engine, load_model
     if cfg.sources.get("max_context", "default") == "default":
-        lm = load_model(cfg.model, cfg.dtype, cfg.device, cfg.weights)   # loaded once per process: Engine finds it again
+        lm = load_model(cfg.model, cfg.dtype, cfg.device, cfg.weights)  # loaded once per process: Engine finds it again
         if cfg.max_context > lm.max_position: cfg = dataclasses.replace(cfg, max_context=lm.max_position)
     return Engine(cfg)
 
@@ -56,25 +58,31 @@ def _generate_run(a) -> int:
     eng.run()
     rates = request_rates(r)
     if a.json:
-        print(json.dumps(dict(text=r.text, tokens=r.output_ids, finish_reason=r.finish_reason, seed=r.seed, reused_tokens=r.reused_tokens,
-                              **rates, model=eng.lm.name, kv_format=cfg.kv_format, key_profile=eng.key_profile, plan=eng.plan.as_dict(), vram_plan=eng.plan_line(),
-                              config=cfg.as_dict(), sources={s.key: cfg.sources[s.field] for s in SETTINGS}, metrics=eng.metrics()), indent=1))
+        print(json.dumps(dict(text=r.text, tokens=r.output_ids, finish_reason=r.finish_reason, seed=r.seed,
+                              reused_tokens=r.reused_tokens, **rates, model=eng.lm.name, kv_format=cfg.kv_format,
+                              key_profile=eng.key_profile, plan=eng.plan.as_dict(), vram_plan=eng.plan_line(),
+                              config=cfg.as_dict(), sources={s.key: cfg.sources[s.field] for s in SETTINGS},
+                              metrics=eng.metrics()), indent=1))
     else:
         print()
         dt = rates["decode_tokens_per_s"]
-        print(f"[{r.finish_reason}: {len(r.prompt_ids)} prompt + {len(r.output_ids)} new tokens; prefill {rates['prefill_tokens_per_s']:.1f} tok/s, "
-              f"decode {dt:.2f} tok/s]" if dt else f"[{r.finish_reason}: {len(r.prompt_ids)} prompt + {len(r.output_ids)} new tokens]", file=sys.stderr)
+        rate = f"; prefill {rates['prefill_tokens_per_s']:.1f} tok/s, decode {dt:.2f} tok/s" if dt else ""
+        print(f"[{r.finish_reason}: {len(r.prompt_ids)} prompt + {len(r.output_ids)} new tokens{rate}]",
+              file=sys.stderr)
         print(eng.plan_line(), file=sys.stderr)
     return 0
 
-register_command("generate", "generate text with any transformers decoder (default: the bundled Gemma 3 270M), its KV in pool pages of any format", _generate_setup, _generate_run)
+register_command("generate",
+                 "generate text with any transformers decoder (default: the bundled Gemma 3 270M), its KV in pool "
+                 "pages of any format", _generate_setup, _generate_run)
 
 # %% ../nbs/42a_commands.ipynb #6e316c23
 def _demo_setup(p:argparse.ArgumentParser):
     from hqkv.engine import DEMO_DEFAULTS
     p.add_argument("prompt", nargs="?", help="the prompt text (default: the start of the KJV excerpt in hqkv/data)")
     p.add_argument("--file", help="read the prompt from a file")
-    p.add_argument("--prompt-tokens", type=int, default=1024, help="cut the default prompt to this many tokens (default 1024)")
+    p.add_argument("--prompt-tokens", type=int, default=1024,
+                   help="cut the default prompt to this many tokens (default 1024)")
     p.add_argument("--formats", default="hq-e8-2b,bf16", help="the two formats to compare (default hq-e8-2b,bf16)")
     add_settings(p, exclude=("kv_format",), defaults=DEMO_DEFAULTS)
     p.add_argument("--max-tokens", type=int, default=24, help="new tokens (default 24, greedy)")
@@ -83,15 +91,16 @@ def _demo_text(r:dict) -> str:
     "The demo's report as text: both plans, both continuations, where they first differ."
     f0, f1 = r["formats"]
     p0, p1 = (r["runs"][f]["plan"] for f in (f0, f1))
-    out = [f"hqkv demo: {r['model']}, {r['prompt_tokens']:,} prompt tokens, {len(r['runs'][f0]['tokens'])} new tokens (greedy), "
-           f"budget {p0['budget']['amount']:,} {p0['budget']['unit']}, window {r['config']['kv.window_sinks']}+{r['config']['kv.window_recent']} exact tokens", ""]
+    out = [f"hqkv demo: {r['model']}, {r['prompt_tokens']:,} prompt tokens, {len(r['runs'][f0]['tokens'])} new tokens "
+           f"(greedy), budget {p0['budget']['amount']:,} {p0['budget']['unit']}, window "
+           f"{r['config']['kv.window_sinks']}+{r['config']['kv.window_recent']} exact tokens", ""]
     name = lambda f, p: f + "".join(f" k{l}:{x}" for l, x in p["key_formats"].items())   # per-layer key formats, if any
     W = max(10, len(name(f0, p0)), len(name(f1, p1)))
     out.append(f"{'format':<{W}} {'bits':>5} {'B/token':>8} {'pool tokens':>12} {'x tokens':>9}  decode tok/s")
     for f, p in ((f0, p0), (f1, p1)):
         dt = r["runs"][f]["decode_tokens_per_s"]
-        out.append(f"{name(f, p):<{W}} {p['bits_per_value']:>5.3g} {p['bytes_per_token']:>8,} {p['tokens']:>12,} {p['tokens'] / p1['tokens']:>8.2f}x  "
-                   + (f"{dt:.2f}" if dt else "- (one token)"))
+        out.append(f"{name(f, p):<{W}} {p['bits_per_value']:>5.3g} {p['bytes_per_token']:>8,} {p['tokens']:>12,} "
+                   f"{p['tokens'] / p1['tokens']:>8.2f}x  " + (f"{dt:.2f}" if dt else "- (one token)"))
     out += [r["runs"][f0]["vram_plan"], r["runs"][f1]["vram_plan"], "", f"prompt ends: {r['prompt_tail']!r}"]
     w = max(len(f0), len(f1))
     for f in (f0, f1): out.append(f"{f:>{w}}: {r['runs'][f]['text']!r}")
@@ -99,7 +108,8 @@ def _demo_text(r:dict) -> str:
     if d is None: out.append(f"the two agree on all {len(r['runs'][f0]['tokens'])} new tokens")
     else:
         p0, p1 = r["first_difference_pieces"]
-        out.append(f"first difference at new token {d + 1}: {f0} {p0} vs {f1} {p1}" + (f" (the first {d} agree)" if d else ""))
+        agree = f" (the first {d} agree)" if d else ""
+        out.append(f"first difference at new token {d + 1}: {f0} {p0} vs {f1} {p1}{agree}")
     return "\n".join(out)
 
 def _demo_run(a) -> int:
@@ -112,7 +122,9 @@ def _demo_run(a) -> int:
     print(json.dumps(r, indent=1) if a.json else _demo_text(r))
     return 0
 
-register_command("demo", "the same prompt through hq-e8-2b and bf16 pages on one byte budget: plans, texts, first difference", _demo_setup, _demo_run)
+register_command("demo",
+                 "the same prompt through hq-e8-2b and bf16 pages on one byte budget: plans, texts, first difference",
+                 _demo_setup, _demo_run)
 
 # %% ../nbs/42a_commands.ipynb #96578526
 def _ints(s:str)->list:
@@ -123,35 +135,45 @@ def _ints(s:str)->list:
 
 def _depths(s:str)->list:
     try: v = [float(x) for x in s.split(",") if x.strip()]
-    except ValueError: raise argparse.ArgumentTypeError(f"expected comma-separated depths in [0, 1], got {s!r}") from None
-    if not v or not all(0 <= x <= 1 for x in v): raise argparse.ArgumentTypeError(f"depths must be in [0, 1], got {s!r}")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated depths in [0, 1], got {s!r}") from None
+    if not v or not all(0 <= x <= 1 for x in v):
+        raise argparse.ArgumentTypeError(f"depths must be in [0, 1], got {s!r}")
     return v
 
-_EVAL_SETTINGS = ("model", "window_sinks", "window_recent", "key_profile", "key_formats", "value_formats", "bit_plan", "prefill_chunk")
+_EVAL_SETTINGS = ("model", "window_sinks", "window_recent", "key_profile",
+                  "key_formats", "value_formats", "bit_plan", "prefill_chunk")
 
 def _eval_setup(p:argparse.ArgumentParser):
     from hqkv.quality import TEXTS, REGIMES
-    p.add_argument("task", choices=("kld", "niah"), help="kld: KLD / top-1 / delta NLL against bf16 on windows of text; niah: pass-key retrieval")
+    p.add_argument("task", choices=("kld", "niah"),
+                   help="kld: KLD / top-1 / delta NLL against bf16 on windows of text; niah: pass-key retrieval")
     p.add_argument("--format", default="hq-e8-2b", help="KV format(s), comma-separated (default: hq-e8-2b)")
-    p.add_argument("--context", type=_ints, default=None, help="tokens per window / haystack, comma-separated (default: 4096 for kld, 2048 for niah)")
+    p.add_argument("--context", type=_ints, default=None,
+                   help="tokens per window / haystack, comma-separated (default: 4096 for kld, 2048 for niah)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--text", default=None, help=f"text: {', '.join(TEXTS)} (default: kjv)")
     src.add_argument("--text-file", default=None, help="any UTF-8 text file instead of --text")
     add_settings(p, fields=_EVAL_SETTINGS)
-    p.add_argument("--chunk", dest="prefill_chunk", type=int, default=None, help=argparse.SUPPRESS)   # the flag's old name
+    # the flag's old name
+    p.add_argument("--chunk", dest="prefill_chunk", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--regime", choices=REGIMES, default="decode",
-                   help="decode: each scored position reads the keys as a decode step would, every key older than its window from the pages (default); "
-                        "prefill: as its prefill chunk does, its own chunk exact; decode-steps: literally one token per forward (slow)")
+                   help="decode: each scored position reads the keys as a decode step would, every key older than its "
+                        "window from the pages (default); prefill: as its prefill chunk does, its own chunk exact; "
+                        "decode-steps: literally one token per forward (slow)")
     p.add_argument("--windows", type=int, default=1, help="kld: windows per context, spread over the text (default 1)")
-    p.add_argument("--score-last", type=int, default=1024, help="kld: positions scored at the end of each window (default 1024)")
-    p.add_argument("--depths", type=_depths, default=[0.0, 0.25, 0.5, 0.75, 1.0], help="niah: needle depths (default 0,0.25,0.5,0.75,1)")
+    p.add_argument("--score-last", type=int, default=1024,
+                   help="kld: positions scored at the end of each window (default 1024)")
+    p.add_argument("--depths", type=_depths, default=[0.0, 0.25, 0.5, 0.75, 1.0],
+                   help="niah: needle depths (default 0,0.25,0.5,0.75,1)")
     p.add_argument("--trials", type=int, default=1, help="niah: keys per context and depth (default 1)")
     p.add_argument("--seed", type=int, default=0, help="niah: key seed (default 0)")
     p.add_argument("--no-oracle", action="store_true", help="niah: do not run the bf16 oracle")
 
 # %% ../nbs/42a_commands.ipynb #0bb57d61
 def _eval_run(args)->int:
-    from hqkv.quality import GEOMETRY, HFModel, eval_text, eval_variants, run_kld, run_niah, summarize, table_markdown, ORACLE
+    from hqkv.quality import (GEOMETRY, HFModel, eval_text, eval_variants, run_kld, run_niah, summarize, table_markdown,
+                              ORACLE)
     for n in ("windows", "score_last", "trials"):
         if getattr(args, n) < 1: raise ValueError(f"--{n.replace('_', '-')} must be >= 1, got {getattr(args, n)}")
     cfg = config_from_args(args)
@@ -165,21 +187,28 @@ def _eval_run(args)->int:
     else:
         from hqkv.models.load import load_causal_lm
         model = HFModel(load_causal_lm(cfg.model)); geometry = model.geometry
-    room = model.cfg.max_position - (6 if args.task == "niah" else 0)   # niah: the prompt is followed by 6 teacher-forced answer tokens
-    if max(contexts) > room: raise ValueError(f"--context {max(contexts)} exceeds the model's context of {model.cfg.max_position}" + (" minus the 6 answer tokens" if args.task == "niah" else ""))
-    vs, prof = eval_variants(args.format, cfg.window_sinks, cfg.window_recent, str(cfg.key_profile), model, cfg.key_formats or None, cfg.value_formats or None, cfg.bit_plan)
+    # niah: the prompt is followed by 6 teacher-forced answer tokens
+    room = model.cfg.max_position - (6 if args.task == "niah" else 0)
+    if max(contexts) > room:
+        raise ValueError(f"--context {max(contexts)} exceeds the model's context of "
+                         f"{model.cfg.max_position}" + (" minus the 6 answer tokens" if args.task == "niah" else ""))
+    vs, prof = eval_variants(args.format, cfg.window_sinks, cfg.window_recent, str(cfg.key_profile), model,
+                             cfg.key_formats or None, cfg.value_formats or None, cfg.bit_plan)
     ids = model.tokenizer.encode(text, add_bos=False)
-    meta = dict(task=args.task, model=GEOMETRY if geometry == GEOMETRY else model.identity.short(), text=name or str(args.text_file), text_tokens=len(ids), contexts=contexts, chunk=chunk,
+    meta = dict(task=args.task, model=GEOMETRY if geometry == GEOMETRY else model.identity.short(),
+                text=name or str(args.text_file), text_tokens=len(ids), contexts=contexts, chunk=chunk,
                 regime=args.regime, key_profile=None if prof is None else prof.tag, threads=torch.get_num_threads())
     t0 = time.perf_counter()
     if args.task == "kld":
-        if args.score_last > min(contexts): raise ValueError(f"--score-last {args.score_last} is longer than --context {min(contexts)}")
-        recs = run_kld(model, ids, contexts, args.windows, vs, chunk, args.score_last, profile=prof, log=None, regime=args.regime)
+        if args.score_last > min(contexts):
+            raise ValueError(f"--score-last {args.score_last} is longer than --context {min(contexts)}")
+        recs = run_kld(model, ids, contexts, args.windows, vs, chunk, args.score_last, profile=prof, log=None,
+                       regime=args.regime)
         meta.update(windows=args.windows, score_last=args.score_last)
         rows = summarize(recs, geometry=geometry)
     else:
-        recs = run_niah(model, ids, contexts, args.depths, ([] if args.no_oracle else [ORACLE]) + vs, args.trials, args.seed, chunk, profile=prof, log=None,
-                        regime=args.regime)
+        recs = run_niah(model, ids, contexts, args.depths, ([] if args.no_oracle else [ORACLE]) + vs, args.trials,
+                        args.seed, chunk, profile=prof, log=None, regime=args.regime)
         meta.update(depths=args.depths, trials=args.trials, seed=args.seed)
         rows = summarize([], recs, geometry=geometry)
     meta["seconds"] = round(time.perf_counter() - t0, 1)
@@ -187,7 +216,9 @@ def _eval_run(args)->int:
     else: print(table_markdown(rows) + "\n\n" + ", ".join(f"{k}={v}" for k, v in meta.items()))
     return 0
 
-register_command("eval", "measure a KV format against the bf16 oracle on real text: kld (KLD, top-1, delta NLL) or niah (pass-key retrieval)", _eval_setup, _eval_run)
+register_command("eval",
+                 "measure a KV format against the bf16 oracle on real text: kld (KLD, top-1, delta NLL) or niah "
+                 "(pass-key retrieval)", _eval_setup, _eval_run)
 
 # %% ../nbs/42a_commands.ipynb #f4c6e777
 def _calibrate_setup(p:argparse.ArgumentParser):
@@ -195,22 +226,33 @@ def _calibrate_setup(p:argparse.ArgumentParser):
     from hqkv.bitplan import CANDIDATES
     from hqkv.calibrate import METHODS
     add_settings(p, fields=("model", "window_sinks", "window_recent"))
-    p.add_argument("--text-file", required=True, help="UTF-8 text to run the model over (another kind of text than the one you evaluate on)")
-    p.add_argument("--out", default=None, help="where to write the profile (.pt); default: the cache directory, where key_profile=auto finds it")
+    p.add_argument("--text-file", required=True,
+                   help="UTF-8 text to run the model over (another kind of text than the one you evaluate on)")
+    p.add_argument("--out", default=None,
+                   help="where to write the profile (.pt); default: the cache directory, where "
+                        "key_profile=auto finds it")
     p.add_argument("--force", action="store_true", help="overwrite --out even when it is not a key profile")
     p.add_argument("--tokens", type=int, default=None, help="use the first N tokens of the text (default: all of it)")
-    p.add_argument("--mode", default="qk", choices=MODES, help="how sigma is chosen: qk (score-optimal, default) or std")
+    p.add_argument("--mode", default="qk", choices=MODES,
+                   help="how sigma is chosen: qk (score-optimal, default) or std")
     p.add_argument("--chunk", type=int, default=1024, help="tokens per forward of the capture run (default: 1024)")
-    g = p.add_argument_group("bit plan", "per-(layer, K/V) formats under a budget, measured on the same text and stored in the profile (hqkv.bitplan)")
-    g.add_argument("--budget", default=None, help="mean bits per value over the coded rows (e.g. 2.5) or bytes per token ('480B'): also choose a plan")
+    g = p.add_argument_group("bit plan",
+                             "per-(layer, K/V) formats under a budget, measured on the same text and stored in the "
+                             "profile (hqkv.bitplan)")
+    g.add_argument("--budget", default=None,
+                   help="mean bits per value over the coded rows (e.g. 2.5) or bytes per token ('480B'): "
+                        "also choose a plan")
     g.add_argument("--plan-format", default="hq-e8-2b", help="the pool format the plan is for (default: hq-e8-2b)")
-    g.add_argument("--candidates", default=",".join(CANDIDATES), help=f"formats a row may take (default: {','.join(CANDIDATES)})")
+    g.add_argument("--candidates", default=",".join(CANDIDATES),
+                   help=f"formats a row may take (default: {','.join(CANDIDATES)})")
     g.add_argument("--plan-windows", type=int, default=2, help="calibration windows, spread over the text (default: 2)")
     g.add_argument("--plan-context", type=int, default=4096, help="tokens per calibration window (default: 4096)")
-    g.add_argument("--plan-only", action="store_true", help="keep the model's profile (--out, else the one key_profile=auto finds) and only add the plan")
+    g.add_argument("--plan-only", action="store_true",
+                   help="keep the model's profile (--out, else the one key_profile=auto finds) and only add the plan")
     g.add_argument("--plan-method", default="auto", choices=METHODS,
-                   help="proxy: predict each row's KLD from one forward and a few backward passes per window (minutes); "
-                        "exact: one KLD run per row and format (hours on a CPU); auto (default): proxy, exact on the bundled model")
+                   help="proxy: predict each row's KLD from one forward and a few backward passes per window "
+                        "(minutes); exact: one KLD run per row and format (hours on a CPU); auto (default): proxy, "
+                        "exact on the bundled model")
 
 # %% ../nbs/42a_commands.ipynb #72b98559
 def _first_tokens(ids:list, n:int|None, limit:int, what:str) -> list:
@@ -218,11 +260,13 @@ def _first_tokens(ids:list, n:int|None, limit:int, what:str) -> list:
     if n is not None:
         if len(ids) < n: raise ValueError(f"{what} has only {len(ids)} tokens, --tokens {n} asked")
         ids = ids[:n]
-    if len(ids) > limit: raise ValueError(f"{what} has {len(ids)} tokens, more than the model's context {limit}; pass --tokens")
+    if len(ids) > limit:
+        raise ValueError(f"{what} has {len(ids)} tokens, more than the model's context {limit}; pass --tokens")
     return ids
 
 def _calibrate_profile(args, model_path:str, text:str, tf:Path):
-    "The model as the quality harness drives it (`Gemma3` or `HFModel`), its identity, and its key profile: measured on the text, or (--plan-only) the one it has."
+    "The model as the quality harness drives it (`Gemma3` or `HFModel`), its identity, and its key profile."
+    # the profile: measured on the text, or (--plan-only) the one it has
     from hqkv.models.identity import DEFAULT_MODEL, model_identity
     from hqkv.calibrate import calibrate, calibrate_hf
     from hqkv.keyprofile import find_profile, KeyProfile
@@ -235,15 +279,18 @@ def _calibrate_profile(args, model_path:str, text:str, tf:Path):
         lm = load_causal_lm(model_path); ident = lm.identity
     if args.plan_only:
         prof = KeyProfile.load(args.out) if args.out else find_profile(ident)
-        if prof is None: raise ValueError(f"--plan-only: {ident.short()} has no key profile yet; run without --plan-only first")
+        if prof is None:
+            raise ValueError(f"--plan-only: {ident.short()} has no key profile yet; run without --plan-only first")
         prof.check_matches(ident)
     elif model_path == DEFAULT_MODEL:
         ids = _first_tokens(model.tokenizer.encode(text), args.tokens, model.cfg.max_position, str(tf))
         prof = calibrate(model, ids, ident, source=tf.name, mode=args.mode, chunk=args.chunk)
     else:
         bos = [] if lm.bos_id is None else [lm.bos_id]
-        ids = _first_tokens(bos + lm.tokenizer.encode(text, add_special_tokens=False), args.tokens, lm.max_position, str(tf))
-        prof = calibrate_hf(lm.model, ids, lm.identity, source=tf.name, mode=args.mode, skip=len(bos), chunk=args.chunk, progress=None)
+        ids = _first_tokens(bos + lm.tokenizer.encode(text, add_special_tokens=False), args.tokens, lm.max_position,
+                            str(tf))
+        prof = calibrate_hf(lm.model, ids, lm.identity, source=tf.name, mode=args.mode, skip=len(bos), chunk=args.chunk,
+                            progress=None)
     return (model if model_path == DEFAULT_MODEL else HFModel(lm)), prof
 
 def _plan_notice(model, args, n_cands:int, n_wins:int):
@@ -251,24 +298,27 @@ def _plan_notice(model, args, n_cands:int, n_wins:int):
     from hqkv.calibrate import _method
     rows = 2 * len(model.cfg.global_layers)
     if _method(model, args.plan_method) == "proxy":
-        print(f"bit plan (proxy): {n_wins} windows of {args.plan_context:,} tokens: one evaluation of the base format, then per window "
-              f"one forward + 2 backward passes; progress and the time left after each window", flush=True)
+        print(f"bit plan (proxy): {n_wins} windows of {args.plan_context:,} tokens: one evaluation of the base format, "
+              "then per window one forward + 2 backward passes; progress and the time left after each window",
+              flush=True)
     else:
         print(f"bit plan (exact): {n_wins} windows x {1 + rows * n_cands} KLD runs of {args.plan_context:,} tokens "
-              f"({rows} rows x {n_cands} formats + the base): expect about {1 + rows * n_cands} times one evaluation's time; "
-              f"--plan-method proxy takes one", flush=True)
+              f"({rows} rows x {n_cands} formats + the base): expect about {1 + rows * n_cands} times one evaluation's "
+              "time; --plan-method proxy takes one", flush=True)
 
 def _calibrate_plan(args, model, prof, text:str, tf:Path, cfg):
     "The profile with a bit plan measured on windows of the text (`hqkv.calibrate.calibrate_plan`)."
     from hqkv.calibrate import calibrate_plan
     from hqkv.quality import text_windows
     ids = model.tokenizer.encode(text, add_bos=False)
-    if args.plan_context > model.cfg.max_position: raise ValueError(f"--plan-context {args.plan_context} exceeds the model's context of {model.cfg.max_position}")
+    if args.plan_context > model.cfg.max_position:
+        raise ValueError(f"--plan-context {args.plan_context} exceeds the model's context of {model.cfg.max_position}")
     wins = text_windows(ids, args.plan_context, args.plan_windows, bos=model.tokenizer.bos_id)
     cands = [c for c in args.candidates.split(",") if c]
     if not args.json: _plan_notice(model, args, len(cands), len(wins))
-    bp = calibrate_plan(model, wins, args.budget, args.plan_format, cands, prof, cfg.window_sinks, cfg.window_recent, method=args.plan_method,
-                        chunk=min(1024, args.plan_context), score_last=min(1024, args.plan_context), source=tf.name, log=None if args.json else print)
+    bp = calibrate_plan(model, wins, args.budget, args.plan_format, cands, prof, cfg.window_sinks, cfg.window_recent,
+                        method=args.plan_method, chunk=min(1024, args.plan_context),
+                        score_last=min(1024, args.plan_context), source=tf.name, log=None if args.json else print)
     return prof.with_plan(bp)
 
 # %% ../nbs/42a_commands.ipynb #505e6140
@@ -280,7 +330,9 @@ def _check_out(out:Path, force:bool):
     if out.is_dir(): raise ValueError(f"--out {out} is a directory; give a file name")
     if out.exists() and not force:
         try: KeyProfile.load(out)
-        except ValueError: raise ValueError(f"--out {out} exists and is not a key profile: refusing to overwrite it (use --force)") from None
+        except ValueError:
+            raise ValueError(f"--out {out} exists and is not a key profile: "
+                             "refusing to overwrite it (use --force)") from None
 
 def _calibrate_run(args) -> int:
     from hqkv.calibrate import calibrate_report
@@ -295,17 +347,19 @@ def _calibrate_run(args) -> int:
         from hqkv.codec import codec_class
         parse_budget(args.budget, 1)                                      # unreadable: fails before the model loads
         for f in [args.plan_format] + args.candidates.split(","): codec_class(f)
-        if args.plan_windows < 1 or args.plan_context < 128: raise ValueError(f"--plan-windows must be >= 1 and --plan-context >= 128, got {args.plan_windows} and {args.plan_context}")
+        if args.plan_windows < 1 or args.plan_context < 128:
+            raise ValueError(f"--plan-windows must be >= 1 and --plan-context >= 128, got {args.plan_windows} and "
+                             f"{args.plan_context}")
     try: text = tf.read_text(encoding="utf-8")
     except UnicodeDecodeError as e: raise ValueError(f"text file {tf} is not UTF-8 (offset {e.start})") from None
-    if args.out: _check_out(Path(args.out), args.force)                  # before the model loads: a bad --out fails at once
+    if args.out: _check_out(Path(args.out), args.force)  # before the model loads: a bad --out fails at once
     cfg = config_from_args(args)
     model, prof = _calibrate_profile(args, cfg.model, text, tf)
     if args.budget is not None: prof = _calibrate_plan(args, model, prof, text, tf, cfg)
     out = Path(args.out) if args.out else profile_path(prof.model)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try: prof.save(tmp); tmp.replace(out)                                # whole or absent: an interrupted run leaves the old file whole
+    try: prof.save(tmp); tmp.replace(out)  # whole or absent: an interrupted run leaves the old file whole
     finally: tmp.unlink(missing_ok=True)
     r = calibrate_report(prof, out)
     if args.json: print(json.dumps(r, indent=2))
@@ -313,27 +367,36 @@ def _calibrate_run(args) -> int:
         print(f"wrote {r['out']} ({r['bytes']:,} bytes): key profile of {prof.model.short()}, layers {r['layers']}, "
               f"{r['kv_heads']} x {r['head_dim']}, {prof.n_tokens:,} tokens of {prof.source}, mode {prof.mode}")
         for i, l in enumerate(prof.layers):
-            print(f"  layer {l}: |mu| max {r['mu_abs_max'][i]:g}, sigma min/median/max {r['sigma_min'][i]:g} / {r['sigma_median'][i]:g} / {r['sigma_max'][i]:g}")
+            print(f"  layer {l}: |mu| max {r['mu_abs_max'][i]:g}, sigma min/median/max {r['sigma_min'][i]:g} / "
+                  f"{r['sigma_median'][i]:g} / {r['sigma_max'][i]:g}")
         for base in prof.plans:
             bp = prof.plan_for(base)
-            print(f"  bit plan for {base} at {bp.budget_bits:g} bits: {bp.tag}, calibration KLD {bp.base_kld:.4f} -> predicted {bp.predicted_kld:.4f}")
+            print(f"  bit plan for {base} at {bp.budget_bits:g} bits: {bp.tag}, calibration KLD {bp.base_kld:.4f} -> "
+                  f"predicted {bp.predicted_kld:.4f}")
     return 0
 
-register_command("calibrate", "measure a model's key profile (per-channel key mean and scale) on a text", _calibrate_setup, _calibrate_run)
+register_command("calibrate", "measure a model's key profile (per-channel key mean and scale) on a text",
+                 _calibrate_setup, _calibrate_run)
 
 # %% ../nbs/42a_commands.ipynb #51e2dace
 def _serve_setup(p):
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free port, printed at start)")
     add_settings(p)
-    p.add_argument("--max-waiting", type=int, default=64, help="requests that may wait for pages before the door answers 429 (default 64)")
-    p.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens when a request gives none (default 256)")
-    p.add_argument("--max-body-bytes", type=int, default=4 << 20, help="largest request body; a larger one is refused with 413 (default 4 MiB)")
-    p.add_argument("--allow-control-tokens", action="store_true", help="let control tokens (<bos>, <|im_end|>, ...) written in a prompt or a chat "
+    p.add_argument("--max-waiting", type=int, default=64,
+                   help="requests that may wait for pages before the door answers 429 (default 64)")
+    p.add_argument("--default-max-tokens", type=int, default=256,
+                   help="max_tokens when a request gives none (default 256)")
+    p.add_argument("--max-body-bytes", type=int, default=4 << 20,
+                   help="largest request body; a larger one is refused with 413 (default 4 MiB)")
+    p.add_argument("--allow-control-tokens", action="store_true",
+                   help="let control tokens (<bos>, <|im_end|>, ...) written in a prompt or a chat "
                    "message act as such (default: plain text in a completion prompt, refused in chat content)")
-    p.add_argument("--grace", type=float, default=30.0, help="on SIGTERM or Ctrl-C: seconds running requests get to finish before they end "
+    p.add_argument("--grace", type=float, default=30.0,
+                   help="on SIGTERM or Ctrl-C: seconds running requests get to finish before they end "
                    "with an error (default 30); new requests get 503 meanwhile")
-    p.add_argument("--header-timeout", type=float, default=10.0, help="seconds a connection may take to send a complete request head; "
+    p.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds a connection may take to send a complete request head; "
                    "one that opens (or finishes a response) and sends none by then is closed (default 10)")
 
 def _serve_run(a) -> int:
@@ -344,7 +407,8 @@ def _serve_run(a) -> int:
     if not a.grace >= 0: raise ValueError(f"--grace must be >= 0 seconds, got {a.grace}")
     if not a.header_timeout > 0: raise ValueError(f"--header-timeout must be > 0 seconds, got {a.header_timeout}")
     cfg = config_from_args(a)                        # bad settings fail before the socket and the model
-    sock = socket.socket(socket.AF_INET6 if ":" in a.host else socket.AF_INET); sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock = socket.socket(socket.AF_INET6 if ":" in a.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try: sock.bind((a.host, a.port))                 # before the model loads: a busy port fails at once
     except OSError as e: raise ValueError(f"cannot listen on {a.host}:{a.port}: {e.strerror}") from None
     eng = _engine(cfg)
@@ -353,15 +417,19 @@ def _serve_run(a) -> int:
     app = make_app(worker, eng.lm.name, a.default_max_tokens, a.max_body_bytes, a.allow_control_tokens)
     server = uvicorn.Server(uvicorn.Config(app, http=header_timeout_protocol(a.header_timeout), log_level="warning"))
     http = threading.Thread(target=server.run, kwargs=dict(sockets=[sock]), name="hqkv-http", daemon=True)
-    def drain(sig, _):                               # graceful: running requests finish (up to --grace), each one answered
-        print(f"hqkv serve: {signal.Signals(sig).name}: draining (up to {a.grace:g} s)", flush=True); worker.drain(a.grace)
+    def drain(sig, _):  # graceful: running requests finish (up to --grace), each one answered
+        print(f"hqkv serve: {signal.Signals(sig).name}: draining (up to {a.grace:g} s)", flush=True)
+        worker.drain(a.grace)
     signal.signal(signal.SIGTERM, drain); signal.signal(signal.SIGINT, drain)
     http.start()
     base = f"http://{a.host}:{sock.getsockname()[1]}"
     print(f"hqkv serve: {eng.lm.name} on {base}/v1 · the Playground: {base}/", flush=True)
-    try: worker.run()                                # the engine owns the main thread; the HTTP side runs beside it (returns once drained)
+    try: worker.run()  # the engine owns the main thread; the HTTP side runs beside it (returns once drained)
     finally:
-        server.should_exit = True; http.join(a.grace + 10)   # uvicorn lets the answers already queued go out, then closes
+        # uvicorn lets the answers already queued go out, then closes
+        server.should_exit = True; http.join(a.grace + 10)
     return 0 if worker.error is None else 1
 
-register_command("serve", "an OpenAI-compatible HTTP server (completions, chat, streaming, /metrics; the Playground at /) over the engine", _serve_setup, _serve_run)
+register_command("serve",
+                 "an OpenAI-compatible HTTP server (completions, chat, streaming, /metrics; the Playground at /) "
+                 "over the engine", _serve_setup, _serve_run)

@@ -29,14 +29,18 @@ def kjv_text()->str:
     exe = shutil.which("bible")
     if exe is None: raise ValueError("the full KJV text needs Debian's bible-kjv (`apt-get install -y bible-kjv`); "
                                      "or use --text kjv-excerpt (Genesis 1-11, shipped) or --text-file PATH")
-    return kjv_from_bible(subprocess.run([exe, "-f", "Gen1:1-Rev22:21"], capture_output=True, text=True, check=True).stdout)
+    out = subprocess.run([exe, "-f", "Gen1:1-Rev22:21"], capture_output=True, text=True, check=True).stdout
+    return kjv_from_bible(out)
 
 PYDOC_GLOB = "/usr/share/doc/python3*/html/_sources/tutorial/*.rst.txt"   # Debian's python3.x-doc
 
 def pydoc_text()->str:
-    "The Python tutorial's reStructuredText sources (Debian's python3.x-doc), once each, concatenated in file-name order."
-    files = sorted({Path(f).resolve() for f in glob.glob(PYDOC_GLOB)}, key=lambda p: (p.name, str(p)))   # python3.11-dev, -venv: symlinks to one copy
-    if not files: raise ValueError(f"the full Python tutorial needs Debian's python3.11-doc (no file matches {PYDOC_GLOB}); "
+    "The Python tutorial's reStructuredText sources, once each, concatenated in file-name order."
+    # from Debian's python3.x-doc
+    # python3.11-dev, -venv: symlinks to one copy
+    files = sorted({Path(f).resolve() for f in glob.glob(PYDOC_GLOB)}, key=lambda p: (p.name, str(p)))
+    if not files:
+        raise ValueError(f"the full Python tutorial needs Debian's python3.11-doc (no file matches {PYDOC_GLOB}); "
                                    "or use --text pydoc-excerpt (shipped) or --text-file PATH")
     return "\n\n".join(Path(f).read_text(encoding="utf-8") for f in files)
 
@@ -44,7 +48,8 @@ def _shipped(name):
     from hqkv.fixtures import load_text
     return load_text(name)
 
-TEXTS = {"kjv": kjv_text, "pydoc": pydoc_text, "kjv-excerpt": lambda: _shipped("kjv"), "pydoc-excerpt": lambda: _shipped("pydoc")}
+TEXTS = {"kjv": kjv_text, "pydoc": pydoc_text, "kjv-excerpt": lambda: _shipped("kjv"),
+         "pydoc-excerpt": lambda: _shipped("pydoc")}
 
 def eval_text(name:str|None=None, # one of `TEXTS`
               path:str|Path|None=None, # or any UTF-8 text file
@@ -55,10 +60,12 @@ def eval_text(name:str|None=None, # one of `TEXTS`
         p = Path(path)
         if not p.is_file(): raise ValueError(f"no text file at {p}")
         try: t = p.read_text(encoding="utf-8")
-        except UnicodeDecodeError as e: raise ValueError(f"{p} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{p} is not UTF-8 text ({e.reason} at byte {e.start})") from None
         if not t.strip(): raise ValueError(f"{p} is empty")
         return t
-    if name not in TEXTS: raise ValueError(f"unknown text {name!r}; available: {', '.join(TEXTS)} (or a file with --text-file)")
+    if name not in TEXTS:
+        raise ValueError(f"unknown text {name!r}; available: {', '.join(TEXTS)} (or a file with --text-file)")
     return TEXTS[name]()
 
 # %% ../nbs/50_quality.ipynb #8afeb014
@@ -69,9 +76,12 @@ def text_windows(ids:list, # the text's token ids (no <bos>)
                 )->list: # [(window ids, the id of the token that follows)]
     "`count` windows of `n_tokens` tokens (<bos> + text), spread evenly over the text."
     for n, v, lo in (("n_tokens", n_tokens, 2), ("count", count, 1)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo: raise ValueError(f"{n} must be an int >= {lo}, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ValueError(f"{n} must be an int >= {lo}, got {v!r}")
     L, body = len(ids), n_tokens - (bos is not None)
-    if L < body + 1: raise ValueError(f"the text has {L} tokens; a window of {n_tokens} needs {body + 1} (its text tokens and the next one)")
+    if L < body + 1:
+        raise ValueError(f"the text has {L} tokens; a window of {n_tokens} needs {body + 1} (its text tokens "
+                         "and the next one)")
     out = []
     for i in range(count):
         a = min(L - body - 1, max(0, (L * (2 * i + 1)) // (2 * count) - body // 2))
@@ -82,12 +92,15 @@ def text_windows(ids:list, # the text's token ids (no <bos>)
 GEOMETRY = "gemma-3-270m"   # the `hqkv.sizing` geometry of the evaluated model
 
 def _layer_formats(spec, kv_format:str, what:str)->tuple:
-    "Per-layer formats as sorted (model layer id, format) pairs, the variant's own format dropped; the model checks its layers when a state is built."
+    "Per-layer formats as sorted (model layer id, format) pairs, the variant's own format dropped."
+    # the model checks its layers when a state is built
     out = {}
     for layer, fmt in key_format_items(spec):
-        if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0: raise ValueError(f"{what} format for layer {layer!r}: a layer is a model layer id (an int >= 0)")
+        if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
+            raise ValueError(f"{what} format for layer {layer!r}: a layer is a model layer id (an int >= 0)")
         if not isinstance(fmt, str) or fmt not in list_codecs():
-            raise ValueError(f"unknown {what} format {fmt!r} for layer {layer}; supported formats: {', '.join(n for n in list_codecs() if not n.startswith('_'))}")
+            raise ValueError(f"unknown {what} format {fmt!r} for layer {layer}; supported formats: "
+                             f"{', '.join(n for n in list_codecs() if not n.startswith('_'))}")
         if layer in out: raise ValueError(f"layer {layer} is given two {what} formats ({out[layer]}, {fmt})")
         out[layer] = fmt
     return tuple(sorted((l, f) for l, f in out.items() if f != kv_format))
@@ -100,24 +113,32 @@ class KVVariant:
     key_profile: bool = False   # code keys as (k - mu) / sigma with a calibrated `hqkv.keyprofile.KeyProfile`
     sinks: int = 32             # kv.window_sinks
     recent: int = 512           # kv.window_recent
-    key_formats: tuple = ()     # (model layer id, format) pairs: those layers' keys in their own format (`KVPool(key_formats=)`)
+    # (model layer id, format) pairs: those layers' keys in their own format (`KVPool(key_formats=)`)
+    key_formats: tuple = ()
     value_formats: tuple = ()   # ... and values (`KVPool(value_formats=)`)
     def __post_init__(self):
         if not isinstance(self.kv_format, str) or self.kv_format not in list_codecs():
-            raise ValueError(f"unknown KV format {self.kv_format!r}; supported formats: {', '.join(n for n in list_codecs() if not n.startswith('_'))}")
-        object.__setattr__(self, "key_formats", _layer_formats(self.key_formats, self.kv_format, "key"))   # sorted, own format dropped
+            raise ValueError(f"unknown KV format {self.kv_format!r}; supported formats: "
+                             f"{', '.join(n for n in list_codecs() if not n.startswith('_'))}")
+        # sorted, own format dropped
+        object.__setattr__(self, "key_formats", _layer_formats(self.key_formats, self.kv_format, "key"))
         object.__setattr__(self, "value_formats", _layer_formats(self.value_formats, self.kv_format, "value"))
         for n in ("window", "key_profile"):
-            if not isinstance(getattr(self, n), bool): raise TypeError(f"KVVariant.{n} must be a bool, got {getattr(self, n)!r}")
+            if not isinstance(getattr(self, n), bool):
+                raise TypeError(f"KVVariant.{n} must be a bool, got {getattr(self, n)!r}")
         for n in ("sinks", "recent"):
             v = getattr(self, n)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0: raise ValueError(f"KVVariant.{n} must be an int >= 0, got {v!r}")
-        if self.window and not (self.sinks or self.recent): raise ValueError("KVVariant: window=True needs sinks or recent > 0")
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"KVVariant.{n} must be an int >= 0, got {v!r}")
+        if self.window and not (self.sinks or self.recent):
+            raise ValueError("KVVariant: window=True needs sinks or recent > 0")
     @property
     def name(self)->str:
-        "e.g. 'hq-e8-2b+profile+window'; a window other than 32 + 512 is spelled out ('+window:16:256'); per-layer key formats as '+k5:tbq3'."
-        w = "" if not self.window else "+window" if (self.sinks, self.recent) == (32, 512) else f"+window:{self.sinks}:{self.recent}"
-        return (self.kv_format + ("+profile" if self.key_profile else "") + w + "".join(f"+k{l}:{f}" for l, f in self.key_formats)
+        "e.g. 'hq-e8-2b+profile+window', '+window:16:256' (a window other than 32 + 512), '+k5:tbq3' (a layer's keys)."
+        w = "" if not self.window else "+window" if (self.sinks, self.recent) == (32, 512) else \
+            f"+window:{self.sinks}:{self.recent}"
+        return (self.kv_format + ("+profile" if self.key_profile else "") + w
+                + "".join(f"+k{l}:{f}" for l, f in self.key_formats)
                 + "".join(f"+v{l}:{f}" for l, f in self.value_formats))
     @classmethod
     def parse(cls, spec:str)->KVVariant:
@@ -142,10 +163,12 @@ class KVVariant:
     def __str__(self): return self.name
 
 # %% ../nbs/50_quality.ipynb #605a0553
-codec_opts = asked_codec_opts   # `get_codec` options for evaluating a format: naming tbq3 in an evaluation is asking for it
+# `get_codec` options for evaluating a format: naming tbq3 in an evaluation is asking for it
+codec_opts = asked_codec_opts
 
 class ProfiledKV:
-    "A `GlobalKV` around one without key-profile support (e.g. the oracle's `DenseKV`): keys stored as (k - mu) / sigma, queries pre-scaled by sigma."
+    "A `GlobalKV` around one without key-profile support: keys stored as (k - mu) / sigma, queries scaled by sigma."
+    # e.g. the oracle's `DenseKV`
     def __init__(self, inner, # the `GlobalKV` that stores and attends
                  profile, # a `KeyProfile` covering the model's global layers
                 ):
@@ -153,25 +176,30 @@ class ProfiledKV:
     def attend(self, layer, q, k, v, pos, scale):
         "Attend through `inner` with the keys and the query transformed; scores change by a constant per query only."
         i = self.slot[layer]
-        return self.inner.attend(layer, self.profile.apply_query(i, q).to(q.dtype), self.profile.apply_keys(i, k).to(k.dtype), v, pos, scale)
+        return self.inner.attend(layer, self.profile.apply_query(i, q).to(q.dtype),
+                                 self.profile.apply_keys(i, k).to(k.dtype), v, pos, scale)
 
 def kv_state(model, # a `Gemma3`, or an `HFModel`
              variant:KVVariant|None, # None: the oracle (the model's dense bf16 K/V)
              ids:list, # every token the sequence will hold (the pool is sized and admitted for them)
              profile=None, # `KeyProfile`, used when `variant.key_profile`
             ):
-    "A fresh `SeqState` whose global layers keep their K/V as `variant` says: the engine's `PagedKV` (CPU path 'gather')."
+    "A fresh `SeqState` whose global layers keep their K/V as `variant` says: the engine's `PagedKV` ('gather')."
     if variant is None: return model.new_state()
     if variant.key_profile and profile is None: raise ValueError(f"{variant.name} needs a key profile")
     if isinstance(model, HFModel): return model.state(variant, profile)
     from hqkv.pool import KVPool
     from hqkv.pagedkv import PagedKV
     g = get_geometry(GEOMETRY)
-    if tuple(g.attn_layer_ids) != tuple(model.cfg.global_layers): raise ValueError(f"the model's global layers {model.cfg.global_layers} are not {g.name}'s {g.attn_layer_ids}")
+    if tuple(g.attn_layer_ids) != tuple(model.cfg.global_layers):
+        raise ValueError(f"the model's global layers {model.cfg.global_layers} are not {g.name}'s {g.attn_layer_ids}")
     fmts = {variant.kv_format, *(f for _, f in variant.key_formats + variant.value_formats)}
-    pool = KVPool(g, variant.kv_format, f"{len(ids)}tok", codec_opts={f: codec_opts(f) for f in fmts}, key_formats=variant.key_formats, value_formats=variant.value_formats)
+    pool = KVPool(g, variant.kv_format, f"{len(ids)}tok", codec_opts={f: codec_opts(f) for f in fmts},
+                  key_formats=variant.key_formats, value_formats=variant.value_formats)
     S, R = (variant.sinks, variant.recent) if variant.window else (0, 0)
-    paged = PagedKV(pool, window_sinks=S, window_recent=R, attn="gather", key_profile=profile if variant.key_profile else None)   # the decode regime reads as decode steps: gather only
+    # the decode regime reads as decode steps: gather only
+    paged = PagedKV(pool, window_sinks=S, window_recent=R, attn="gather",
+                    key_profile=profile if variant.key_profile else None)
     paged.admit(0, ids, 0)
     return model.new_state(kv=paged.view(0))
 
@@ -186,7 +214,8 @@ class HFTokenizer:
     def piece(self, i:int)->str: return self.tok.decode([int(i)])
 
 class HFModel:
-    "A transformers causal LM driven by the quality harness, its K/V in an `HQKVCache` per state, read through hqkv's attention function (the paged path: it can read as decode steps do)."
+    "A transformers causal LM driven by the quality harness, its K/V in an `HQKVCache` per state."
+    # read through hqkv's attention function (the paged path: it can read as decode steps do)
     def __init__(self, lm, # a `hqkv.models.load.LoadedLM` (its model is switched to `use_hqkv_attention`)
                 ):
         from types import SimpleNamespace
@@ -206,17 +235,21 @@ class HFModel:
         "A fresh cache that keeps the K/V as `variant` says (its own formats: a profile's bit plan is not applied)."
         from hqkv.hf import HQKVCache
         S, R = (variant.sinks, variant.recent) if variant.window else (0, 0)
-        return HQKVCache(self.model, variant.kv_format, window_sinks=S, window_recent=R, key_profile=profile if variant.key_profile else "off",
-                         key_formats=dict(variant.key_formats) or None, value_formats=dict(variant.value_formats) or None, bit_plan="off",
+        return HQKVCache(self.model, variant.kv_format, window_sinks=S, window_recent=R,
+                         key_profile=profile if variant.key_profile else "off",
+                         key_formats=dict(variant.key_formats) or None,
+                         value_formats=dict(variant.value_formats) or None, bit_plan="off",
                          **codec_opts(variant.kv_format))
 
-    def forward(self, states:list, chunks:list, logits="none")->list: # per state: float32 logits [n, vocab] of its chunk's last n positions (None for "none")
+    def forward(self, states:list, chunks:list, logits="none",
+               )->list: # per state: float32 logits [n, vocab] of its chunk's last n positions (None for "none")
         "Run each state's chunk through the model (one sequence at a time)."
         out, dev = [], next(self.model.parameters()).device
         n = 1 if logits == "none" else int(logits)
         with torch.no_grad():          # not inference_mode: the harness normalises the logits in place
             for st, ch in zip(states, chunks):
-                lg = self.model(input_ids=torch.tensor([list(ch)], device=dev), past_key_values=st, use_cache=True, logits_to_keep=n).logits[0]
+                lg = self.model(input_ids=torch.tensor([list(ch)], device=dev), past_key_values=st, use_cache=True,
+                                logits_to_keep=n).logits[0]
                 out.append(None if logits == "none" else lg[-n:].float())
         return out
 
@@ -230,12 +263,15 @@ class TokenScores:
     agree: Tensor    # bool [n]: the same argmax as the oracle
     nll: Tensor      # float64 [n]: -log p_variant(actual next token)
     nll_ref: Tensor  # float64 [n]: -log p_oracle(actual next token)
-    margin: Tensor   # float32 [n]: the oracle's top-2 margin over its largest |logit| (a top-1 difference below it can be float noise: `check_top1`)
+    # float32 [n]: the oracle's top-2 margin over its largest |logit| (a top-1 difference below it can be float noise:
+    # `check_top1`)
+    margin: Tensor
     def summary(self)->dict:
         "Mean KLD, top-1 agreement, delta NLL (variant - oracle), the KLD's 99th percentile and max, positions."
         k = self.kld
         if not len(k): raise ValueError("no scored positions")
-        return dict(kld=float(k.mean()), top1=float(self.agree.double().mean()), dnll=float((self.nll - self.nll_ref).mean()),
+        return dict(kld=float(k.mean()), top1=float(self.agree.double().mean()),
+                    dnll=float((self.nll - self.nll_ref).mean()),
                     kld_p99=float(torch.quantile(k, 0.99)), kld_max=float(k.max()), n=len(k))
     def select(self, m:Tensor)->TokenScores:
         "The positions where the bool mask `m` is True."
@@ -243,16 +279,19 @@ class TokenScores:
     @classmethod
     def cat(cls, parts:list)->TokenScores:
         "Concatenate the scores of consecutive chunks."
-        return cls(*(torch.cat([getattr(p, f) for p in parts]) for f in ("pos", "kld", "agree", "nll", "nll_ref", "margin")))
+        fields = ("pos", "kld", "agree", "nll", "nll_ref", "margin")
+        return cls(*(torch.cat([getattr(p, f) for p in parts]) for f in fields))
 
 def _kl_rows(lp:Tensor, lq:Tensor, block:int=128)->Tensor:
     "KL(p || q) per row from log-probabilities [n, V], a block of rows at a time, summed in float64."
-    return torch.cat([(lp[i:i + block].exp() * (lp[i:i + block] - lq[i:i + block])).sum(-1, dtype=torch.float64) for i in range(0, len(lp), block)])
+    return torch.cat([(lp[i:i + block].exp() * (lp[i:i + block] - lq[i:i + block])).sum(-1, dtype=torch.float64)
+                      for i in range(0, len(lp), block)])
 
 # %% ../nbs/50_quality.ipynb #362e2cbc
 def _variants(variants)->list:
     vs = [KVVariant.parse(v) if isinstance(v, str) else v for v in variants]
-    if not vs or not all(isinstance(v, KVVariant) for v in vs): raise TypeError(f"variants must be KVVariants or their names, got {variants!r}")
+    if not vs or not all(isinstance(v, KVVariant) for v in vs):
+        raise TypeError(f"variants must be KVVariants or their names, got {variants!r}")
     if len({v.name for v in vs}) != len(vs): raise ValueError(f"a variant appears twice: {[v.name for v in vs]}")
     return vs
 
@@ -266,29 +305,33 @@ def _head_dim(model) -> int: # a `Gemma3` or an `HFModel`
     return g.head_dim if g is not None else model.cfg.head_dim
 
 def _profile_for(model, vs, profile):
-    "The key profile the variants need: `profile` if given, else the model's (`hqkv.keyprofile.find_profile`), checked against the model."
+    "The key profile the variants need: `profile` if given, else the model's (`find_profile`), checked."
     if not any(v.key_profile for v in vs): return None
     from hqkv.keyprofile import find_profile
     ident = model_identity_of(model)
     p = find_profile(ident) if profile is None else profile
-    if p is None: raise ValueError(f"{next(v.name for v in vs if v.key_profile)} needs a key profile and {ident.short()} has none: run `hqkv calibrate --model ...`")
+    if p is None:
+        raise ValueError(f"{next(v.name for v in vs if v.key_profile)} needs a key profile and {ident.short()} has "
+                         "none: run `hqkv calibrate --model ...`")
     p.check_matches(ident)
     return p
 
 # %% ../nbs/50_quality.ipynb #e6a8f6cd
-REGIMES = ("decode", "prefill", "decode-steps")   # how scored positions read the keys: as decode steps (in one forward), as prefill chunks, or one token per forward
+# how scored positions read the keys: as decode steps (in one forward), as prefill chunks, or one token per forward
+REGIMES = ("decode", "prefill", "decode-steps")
 
 def _check_regime(regime):
     if regime not in REGIMES: raise ValueError(f"unknown regime {regime!r}; choose one of {', '.join(REGIMES)}")
 
 def _read_as_decode(st, on:bool):
     "Make a state's next forwards read keys as decode steps would (on) or as their prompt chunk does (off)."
-    kv = getattr(st, "kv", None)            # the own Gemma forward's `SeqState`: a `PagedKV` view, or the oracle's dense K/V
+    kv = getattr(st, "kv", None)  # the own Gemma forward's `SeqState`: a `PagedKV` view, or the oracle's dense K/V
     if kv is None: st.decode_reads = on      # an `HQKVCache`
     elif hasattr(kv, "paged"): kv.paged.decode_reads = on
 
 def _forward_scored(model, st, ch:list, ns:int, regime:str):
-    "Run chunk `ch` through state `st`; the logits of its last `ns` positions (None when ns is 0), read as `regime` says; the rest as a prompt's chunk."
+    "Run chunk `ch` through state `st`; the logits of its last `ns` positions (None when ns is 0)."
+    # those positions read as `regime` says; the rest as a prompt's chunk
     ns = min(ns, len(ch))
     _read_as_decode(st, False)
     if not ns: model.forward([st], [ch], logits="none"); return None
@@ -305,13 +348,18 @@ def kld_eval(model, # a `Gemma3`
              chunk:int=1024, # prefill chunk (engine.prefill_chunk)
              score_last:int|None=1024, # score the last n positions; None: every position
              profile=None, # `KeyProfile` for variants with `key_profile` (default: the shipped one)
-             regime:str="decode", # `REGIMES`: each scored position reads as a decode step would (decode), or as its prefill chunk does (prefill)
+             # `REGIMES`: each scored position reads as a decode step would (decode), or as its prefill chunk does
+             # (prefill)
+             regime:str="decode",
             )->dict: # variant name -> `TokenScores`
-    "Teacher-forced next-token distributions of each variant against the bf16 oracle, chunk by chunk in lockstep (scored positions as `regime` says)."
+    "Teacher-forced next-token distributions of each variant against the bf16 oracle, chunk by chunk in lockstep."
+    # scored positions read as `regime` says
     N, vs = len(ids), _variants(variants)
     _check_regime(regime)
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1: raise ValueError(f"chunk must be a positive int, got {chunk!r}")
-    if score_last is not None and (isinstance(score_last, bool) or not isinstance(score_last, int) or not 1 <= score_last <= N):
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"chunk must be a positive int, got {chunk!r}")
+    if score_last is not None and (isinstance(score_last, bool) or not isinstance(score_last, int)
+                                   or not 1 <= score_last <= N):
         raise ValueError(f"score_last must be None or an int in [1, {N}], got {score_last!r}")
     profile = _profile_for(model, vs, profile)
     first = 0 if score_last is None else N - score_last
@@ -322,7 +370,8 @@ def kld_eval(model, # a `Gemma3`
         ch = ids[a:a + chunk]; e = a + len(ch)
         ns = max(0, e - max(a, first))                              # scored positions in this chunk (its last ns)
         want = ns if ns else "none"
-        lp = _forward_scored(model, oracle, ch, ns, regime)          # the oracle runs as the variants do: a difference is the format's
+        # the oracle runs as the variants do: a difference is the format's
+        lp = _forward_scored(model, oracle, ch, ns, regime)
         if ns:
             margin = top2_margin(lp)                                    # before normalizing: relative to the logits
             lp -= torch.logsumexp(lp, -1, keepdim=True)
@@ -332,13 +381,15 @@ def kld_eval(model, # a `Gemma3`
             lq = _forward_scored(model, st, ch, ns, regime)
             if ns:
                 lq -= torch.logsumexp(lq, -1, keepdim=True)
-                parts[v.name].append(TokenScores(pos, _kl_rows(lp, lq), lq.argmax(-1) == top_ref, -lq.gather(1, tt)[:, 0].double(), nll_ref, margin))
+                parts[v.name].append(TokenScores(pos, _kl_rows(lp, lq), lq.argmax(-1) == top_ref,
+                                                 -lq.gather(1, tt)[:, 0].double(), nll_ref, margin))
             del lq
         del lp
     return {n: TokenScores.cat(p) for n, p in parts.items()}
 
 # %% ../nbs/50_quality.ipynb #37005df7
-NIAH_INTRO = "There is an important pass key hidden inside a lot of irrelevant text. Find it and memorize it. I will quiz you about it.\n\n"
+NIAH_INTRO = ("There is an important pass key hidden inside a lot of irrelevant text. Find it and memorize it. "
+              "I will quiz you about it.\n\n")
 NIAH_NEEDLE = "\nThe pass key is {key}. Remember it. {key} is the pass key.\n"
 NIAH_QUESTION = "\n\nWhat is the pass key? The pass key is "
 
@@ -362,39 +413,51 @@ def niah_prompt(tok, # a `Gemma3Tokenizer`
                 key:str, # the pass key: 7 digits
                )->NeedlePrompt:
     "Instruction, filler with the needle at `depth`, question: exactly `n_tokens` tokens."
-    if not (isinstance(key, str) and re.fullmatch(r"\d{7}", key)): raise ValueError(f"key must be 7 digits, got {key!r}")
-    if isinstance(depth, bool) or not isinstance(depth, (int, float)) or not 0 <= depth <= 1: raise ValueError(f"depth must be in [0, 1], got {depth!r}")
+    if not (isinstance(key, str) and re.fullmatch(r"\d{7}", key)):
+        raise ValueError(f"key must be 7 digits, got {key!r}")
+    if isinstance(depth, bool) or not isinstance(depth, (int, float)) or not 0 <= depth <= 1:
+        raise ValueError(f"depth must be in [0, 1], got {depth!r}")
     intro, q = tok.encode(NIAH_INTRO), tok.encode(NIAH_QUESTION, add_bos=False)
     needle, answer = tok.encode(NIAH_NEEDLE.format(key=key), add_bos=False), tok.encode(key, add_bos=False)
     if len(answer) != 7: raise ValueError(f"the tokenizer does not spell {key} as 7 digits: {answer}")
     body = n_tokens - len(intro) - len(needle) - len(q)
-    if body < 0: raise ValueError(f"n_tokens={n_tokens} is too short for the pass-key prompt ({n_tokens - body} tokens without filler)")
-    if len(filler) < body: raise ValueError(f"the haystack text has {len(filler)} tokens, {body} needed for n_tokens={n_tokens}")
+    if body < 0:
+        raise ValueError(f"n_tokens={n_tokens} is too short for the pass-key prompt ({n_tokens - body} "
+                         "tokens without filler)")
+    if len(filler) < body:
+        raise ValueError(f"the haystack text has {len(filler)} tokens, {body} needed for n_tokens={n_tokens}")
     d = round(body * depth)
-    return NeedlePrompt(intro + list(filler[:d]) + needle + list(filler[d:body]) + q, answer, key, len(intro) + d, float(depth))
+    return NeedlePrompt(intro + list(filler[:d]) + needle + list(filler[d:body]) + q, answer, key, len(intro) + d,
+                        float(depth))
 
 def niah_score(model, # a `Gemma3`
                p:NeedlePrompt,
                variant:KVVariant|None, # None: the oracle
                chunk:int=1024, # prefill chunk
                profile=None, # `KeyProfile` when `variant.key_profile`
-               regime:str="decode", # `REGIMES`: the answer's positions read as decode steps would (decode) or as their prefill chunk does (prefill)
+               # `REGIMES`: the answer's positions read as decode steps would (decode) or as their prefill chunk does
+               # (prefill)
+               regime:str="decode",
               )->dict:
-    "Prefill prompt + answer (teacher-forced) chunk by chunk; retrieved = every digit is the top token; margin = the smallest gap."
+    "Prefill prompt + answer (teacher-forced) chunk by chunk; retrieved = every digit is the top token."
+    # margin = the smallest gap
     seq = p.ids + p.answer[:-1]
-    if len(seq) > model.cfg.max_position: raise ValueError(f"the prompt and the answer take {len(seq)} tokens, more than the model's context of {model.cfg.max_position}")
+    if len(seq) > model.cfg.max_position:
+        raise ValueError(f"the prompt and the answer take {len(seq)} tokens, more than the model's context of "
+                         f"{model.cfg.max_position}")
     _check_regime(regime)
     st = kv_state(model, variant, seq, profile)
     n, parts = len(p.answer), []
     for a in range(0, len(seq), chunk):
         ch = seq[a:a + chunk]
-        ns = max(0, a + len(ch) - (len(seq) - n))                   # answer positions in this chunk (it may straddle two)
+        ns = max(0, a + len(ch) - (len(seq) - n))  # answer positions in this chunk (it may straddle two)
         out = _forward_scored(model, st, ch, ns, regime)
         if ns: parts.append(out)
     lg, ans = torch.cat(parts), torch.tensor(p.answer)[:, None]
     margins = lg.gather(1, ans)[:, 0] - lg.scatter(1, ans, -math.inf).amax(-1)
     return dict(retrieved=bool((margins > 0).all()), margin=float(margins.min()), digits=int((margins > 0).sum()),
-                logp=float(lg.log_softmax(-1).gather(1, ans).sum()), predicted="".join(model.tokenizer.piece(int(t)) for t in lg.argmax(-1)))
+                logp=float(lg.log_softmax(-1).gather(1, ans).sum()),
+                predicted="".join(model.tokenizer.piece(int(t)) for t in lg.argmax(-1)))
 
 # %% ../nbs/50_quality.ipynb #81a9b8f3
 ORACLE = "bf16 (oracle)"   # the oracle's name in records and tables
@@ -422,7 +485,7 @@ def run_kld(model, # a `Gemma3`
             log=print, # progress lines (None: quiet)
             regime:str="decode", # `REGIMES`
            )->list: # one dict per (context, window, variant)
-    "KLD, top-1 and delta NLL (last `score_last` positions) of every variant on `windows` windows of each context length."
+    "KLD, top-1 and delta NLL (last `score_last` positions) of every variant on `windows` windows of each context."
     vs, out = _variants(variants), []
     for n in contexts:
         last = min(score_last, n)
@@ -432,12 +495,15 @@ def run_kld(model, # a `Gemma3`
             dt = time.perf_counter() - t0
             for v in vs:
                 r = res[v.name]
-                rec = dict(context=n, window=w, variant=v.name, regime=regime, **r.select(r.pos >= n - last).summary(), seconds_per_state=round(dt / (len(vs) + 1), 1))
+                rec = dict(context=n, window=w, variant=v.name, regime=regime, **r.select(r.pos >= n - last).summary(),
+                           seconds_per_state=round(dt / (len(vs) + 1), 1))
                 if curve:
                     parts = [r.select((r.pos >= a) & (r.pos < a + chunk)).summary() for a in range(0, n, chunk)]
                     rec["by_chunk"] = {k: [p[k] for p in parts] for k in ("kld", "top1", "dnll")}
                 out.append(rec)
-            if log: log(f"kld context {n} window {w}: " + ", ".join(f"{r['variant']} {r['kld']:.4f}" for r in out[-len(vs):]) + f" ({dt:.0f} s)")
+            if log:
+                got = ", ".join(f"{r['variant']} {r['kld']:.4f}" for r in out[-len(vs):])
+                log(f"kld context {n} window {w}: {got} ({dt:.0f} s)")
     return out
 
 # %% ../nbs/50_quality.ipynb #ad2cb544
@@ -467,8 +533,12 @@ def run_niah(model, # a `Gemma3`
                 for v in vs:
                     t0 = time.perf_counter()
                     r = niah_score(model, p, v, chunk, profile, regime)
-                    out.append(dict(context=n, depth=d, trial=t, key=key, variant=ORACLE if v is None else v.name, regime=regime, **r, seconds=round(time.perf_counter() - t0, 1)))
-                if log: log(f"niah {n} depth {d} key {key}: " + ", ".join(f"{r['variant']} {'ok' if r['retrieved'] else 'MISS'} {r['margin']:+.2f}" for r in out[-len(vs):]))
+                    out.append(dict(context=n, depth=d, trial=t, key=key, variant=ORACLE if v is None else v.name,
+                                    regime=regime, **r, seconds=round(time.perf_counter() - t0, 1)))
+                if log:
+                    got = (f"{r['variant']} {'ok' if r['retrieved'] else 'MISS'} {r['margin']:+.2f}"
+                           for r in out[-len(vs):])
+                    log(f"niah {n} depth {d} key {key}: " + ", ".join(got))
     return out
 
 # %% ../nbs/50_quality.ipynb #c9881e7f
@@ -480,7 +550,8 @@ def summarize(kld:list, # `run_kld` records
               niah:list=(), # `run_niah` records
               geometry=GEOMETRY, # the model's `Geometry` (or preset name): bytes per token
              )->list: # one dict per variant
-    "One row per variant: bytes per token, KLD / top-1 / delta NLL per context (mean and worst window), NIAH accuracy and margin."
+    "One row per variant: bytes per token, KLD / top-1 / delta NLL per context, NIAH accuracy and margin."
+    # per context: the mean and the worst window
     g, rows = get_geometry(geometry), {}
     for r in list(kld) + list(niah): rows.setdefault(r["variant"], {})
     for name, row in rows.items():
@@ -493,25 +564,31 @@ def summarize(kld:list, # `run_kld` records
         for n in sorted({r["context"] for r in kld if r["variant"] == name}):
             rs = [r for r in kld if r["variant"] == name and r["context"] == n]
             mean = lambda k: sum(r[k] for r in rs) / len(rs)
-            row["kld"][n], row["kld_worst"][n], row["top1"][n], row["dnll"][n], row["windows"][n] = mean("kld"), max(r["kld"] for r in rs), mean("top1"), mean("dnll"), len(rs)
+            row["kld"][n], row["kld_worst"][n] = mean("kld"), max(r["kld"] for r in rs)
+            row["top1"][n], row["dnll"][n], row["windows"][n] = mean("top1"), mean("dnll"), len(rs)
         cells = [r for r in niah if r["variant"] == name]
         if cells:
             ms = sorted(r["margin"] for r in cells)
-            row.update(niah_retrieved=sum(r["retrieved"] for r in cells), niah_cells=len(cells), niah_margin_min=ms[0], niah_margin_median=ms[len(ms) // 2])
+            row.update(niah_retrieved=sum(r["retrieved"] for r in cells), niah_cells=len(cells), niah_margin_min=ms[0],
+                       niah_margin_median=ms[len(ms) // 2])
     return list(rows.values())
 
 def table_markdown(rows:list)->str:
     "The summary rows as a markdown table (KLD and top-1 per context, NIAH retrieved/cells and the smallest margin)."
     ctx = sorted({n for r in rows for n in r["kld"]})
     k = lambda n: f"{n // 1024}K" if n % 1024 == 0 else str(n)
-    head = ["variant", "bits", "B/token"] + [f"KLD {k(n)} (worst)" for n in ctx] + [f"top-1 {k(n)}" for n in ctx] + [f"dNLL {k(n)}" for n in ctx] + ["NIAH", "min margin"]
+    head = (["variant", "bits", "B/token"] + [f"KLD {k(n)} (worst)" for n in ctx] + [f"top-1 {k(n)}" for n in ctx]
+            + [f"dNLL {k(n)}" for n in ctx] + ["NIAH", "min margin"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["variant"], f"{r['bits_per_value']:g}", f"{r['bytes_per_token']:,}"]
-        cells += [f"{r['kld'][n]:.4f} ({r['kld_worst'][n]:.4f})" if n in r["kld"] else ("0" if r["variant"] == ORACLE else "") for n in ctx]
-        cells += [f"{100 * r['top1'][n]:.1f}%" if n in r["top1"] else ("100%" if r["variant"] == ORACLE else "") for n in ctx]
+        cells += [f"{r['kld'][n]:.4f} ({r['kld_worst'][n]:.4f})" if n in r["kld"]
+                  else ("0" if r["variant"] == ORACLE else "") for n in ctx]
+        cells += [f"{100 * r['top1'][n]:.1f}%" if n in r["top1"] else ("100%" if r["variant"] == ORACLE else "")
+                  for n in ctx]
         cells += [f"{r['dnll'][n]:+.4f}" if n in r["dnll"] else ("0" if r["variant"] == ORACLE else "") for n in ctx]
-        cells += [f"{r['niah_retrieved']}/{r['niah_cells']}", f"{r['niah_margin_min']:+.2f}"] if "niah_cells" in r else ["", ""]
+        cells += [f"{r['niah_retrieved']}/{r['niah_cells']}",
+                  f"{r['niah_margin_min']:+.2f}"] if "niah_cells" in r else ["", ""]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -521,7 +598,8 @@ def write_table(rows:list, # `summarize` output
                )->tuple:
     "Write the results table as markdown (with the measurement notes) and JSON."
     stem = Path(stem); stem.parent.mkdir(parents=True, exist_ok=True)
-    md, js = stem.parent / (stem.name + ".md"), stem.parent / (stem.name + ".json")   # not with_suffix: a name may hold dots ("qwen2.5")
+    # not with_suffix: a name may hold dots ("qwen2.5")
+    md, js = stem.parent / (stem.name + ".md"), stem.parent / (stem.name + ".json")
     notes = "\n".join(f"- {k}: {v}" for k, v in meta.items())
     md.write_text(table_markdown(rows) + "\n\n" + notes + "\n")
     js.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1, default=str) + "\n")
@@ -534,7 +612,8 @@ def eval_variants(formats:str, # comma-separated format names
                   model, # the `Gemma3` or `HFModel` (its identity is checked against the profile)
                   key_formats=None, # per-layer key formats for every variant (kv.key_formats), e.g. '5=tbq3,11=tbq3'
                   value_formats=None, # per-layer value formats for every variant (kv.value_formats)
-                  bit_plan:str="auto", # kv.bit_plan: "auto" applies the profile's plan for a format when no per-layer formats are given
+                  # kv.bit_plan: "auto" applies the profile's plan for a format when no per-layer formats are given
+                  bit_plan:str="auto",
                  )->tuple: # ([KVVariant], KeyProfile | None)
     "The variants `hqkv eval` measures, with the engine's rules for the window, the key profile and the bit plan."
     from hqkv.keyprofile import resolve_key_profile, cache_setup
@@ -544,10 +623,11 @@ def eval_variants(formats:str, # comma-separated format names
         if v < 0: raise ValueError(f"{n} must be >= 0, got {v}")
     ident, vs, prof = model_identity_of(model), [], None
     for f in names:
-        KVVariant(f)                                                  # an unknown format fails here, listing the supported ones
+        KVVariant(f)  # an unknown format fails here, listing the supported ones
         p = resolve_key_profile(key_profile, f, ident)
         if p is not None: prof = p
-        lay = cache_setup(f, model.cfg.global_layers, _head_dim(model), p, key_formats, value_formats, bit_plan, owner=ident.short()).layout   # before any forward
+        lay = cache_setup(f, model.cfg.global_layers, _head_dim(model), p, key_formats, value_formats, bit_plan,
+                          owner=ident.short()).layout   # before any forward
         vs.append(KVVariant(f, window=bool(sinks or recent), key_profile=p is not None, sinks=sinks, recent=recent,
                             key_formats=lay.key_formats, value_formats=lay.value_formats))
     return _variants(vs), prof
