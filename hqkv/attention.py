@@ -29,13 +29,17 @@ class ExactWindow:
 
     def __post_init__(self):
         ts = (self.k_sink, self.v_sink, self.k_recent, self.v_recent)
-        if not all(isinstance(t, Tensor) for t in ts + (self.lens,)): raise TypeError("ExactWindow: every field must be a torch.Tensor")
-        if any(t.dtype != torch.bfloat16 or t.ndim != 4 for t in ts): raise TypeError("ExactWindow: k/v tensors must be bf16 [slots, tokens, kv_heads, head_dim]")
+        if not all(isinstance(t, Tensor) for t in ts + (self.lens,)):
+            raise TypeError("ExactWindow: every field must be a torch.Tensor")
+        if any(t.dtype != torch.bfloat16 or t.ndim != 4 for t in ts):
+            raise TypeError("ExactWindow: k/v tensors must be bf16 [slots, tokens, kv_heads, head_dim]")
         if self.k_sink.shape != self.v_sink.shape or self.k_recent.shape != self.v_recent.shape:
             raise ValueError("ExactWindow: K and V shapes differ")
         a, b = self.k_sink.shape, self.k_recent.shape
-        if (a[0], a[2], a[3]) != (b[0], b[2], b[3]): raise ValueError(f"ExactWindow: sink {tuple(a)} and recent {tuple(b)} disagree on slots/kv_heads/head_dim")
-        if self.lens.dtype != torch.int64 or tuple(self.lens.shape) != (a[0],): raise ValueError(f"ExactWindow: lens must be int64 [{a[0]}]")
+        if (a[0], a[2], a[3]) != (b[0], b[2], b[3]):
+            raise ValueError(f"ExactWindow: sink {tuple(a)} and recent {tuple(b)} disagree on slots/kv_heads/head_dim")
+        if self.lens.dtype != torch.int64 or tuple(self.lens.shape) != (a[0],):
+            raise ValueError(f"ExactWindow: lens must be int64 [{a[0]}]")
 
     @classmethod
     def allocate(cls, slots:int, # sequence slots (rows)
@@ -45,9 +49,11 @@ class ExactWindow:
                  device=None) -> ExactWindow:
         "An empty window for `slots` sequences."
         for n, v in (("slots", slots), ("kv_heads", kv_heads), ("head_dim", head_dim)):
-            if not isinstance(v, int) or v < 1: raise ValueError(f"ExactWindow.allocate: {n} must be a positive int, got {v!r}")
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"ExactWindow.allocate: {n} must be a positive int, got {v!r}")
         for n, v in (("sinks", sinks), ("recent", recent)):
-            if not isinstance(v, int) or v < 0: raise ValueError(f"ExactWindow.allocate: {n} must be a non-negative int, got {v!r}")
+            if not isinstance(v, int) or v < 0:
+                raise ValueError(f"ExactWindow.allocate: {n} must be a non-negative int, got {v!r}")
         z = lambda n: torch.zeros(slots, n, kv_heads, head_dim, dtype=torch.bfloat16, device=device)
         return cls(z(sinks), z(sinks), z(recent), z(recent), torch.zeros(slots, dtype=torch.int64, device=device))
 
@@ -56,7 +62,8 @@ class ExactWindow:
     @property
     def recent(self) -> int: return self.k_recent.shape[1]
     @property
-    def nbytes(self) -> int: return sum(t.numel() * t.element_size() for t in (self.k_sink, self.v_sink, self.k_recent, self.v_recent))
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.k_sink, self.v_sink, self.k_recent, self.v_recent))
 
     def reset(self, slot:int):
         "Forget a slot (its request finished); the next `append` starts at position 0."
@@ -68,14 +75,18 @@ def append(self:ExactWindow, slot:int, # the sequence's slot
            k:Tensor, v:Tensor, # float [n, kv_heads, head_dim], original domain, positions lens[slot] .. lens[slot]+n-1
            codec:Codec, # the key pages' format (its domain is where the window's keys live)
            v_codec:Codec|None=None): # the value pages' format, when it is not `codec`'s
-    "Add `n` new tokens of one sequence: rotate into the codecs' domains, round to bf16, keep sinks and the latest `recent`."
+    "Add `n` new tokens of one sequence, rotated into the codecs' domains and rounded to bf16."
+    # the window keeps the sinks and the latest `recent`
     S, R, H, D = self.sinks, self.recent, self.k_sink.shape[2], self.k_sink.shape[3]
-    if not (isinstance(k, Tensor) and isinstance(v, Tensor)) or k.shape != v.shape or k.ndim != 3 or tuple(k.shape[1:]) != (H, D):
-        raise ValueError(f"ExactWindow.append: k and v must be [n, {H}, {D}], got {tuple(getattr(k, 'shape', ()))} and {tuple(getattr(v, 'shape', ()))}")
+    if not (isinstance(k, Tensor) and isinstance(v, Tensor) and k.shape == v.shape and k.ndim == 3
+            and tuple(k.shape[1:]) == (H, D)):
+        raise ValueError(f"ExactWindow.append: k and v must be [n, {H}, {D}], got {tuple(getattr(k, 'shape', ()))} and "
+                         f"{tuple(getattr(v, 'shape', ()))}")
     v_codec = codec if v_codec is None else v_codec
     for c in (codec, v_codec):
         if c.head_dim != D: raise ValueError(f"ExactWindow.append: codec head_dim {c.head_dim} != window head_dim {D}")
-    if not isinstance(slot, int) or not 0 <= slot < self.lens.shape[0]: raise ValueError(f"ExactWindow.append: slot must be an int in [0, {self.lens.shape[0]}), got {slot!r}")
+    if not isinstance(slot, int) or not 0 <= slot < self.lens.shape[0]:
+        raise ValueError(f"ExactWindow.append: slot must be an int in [0, {self.lens.shape[0]}), got {slot!r}")
     start, n = int(self.lens[slot]), k.shape[0]
     pos = torch.arange(start, start + n, device=k.device)
     kr, vr = codec.rotate(k.float()).to(torch.bfloat16), v_codec.rotate(v.float()).to(torch.bfloat16)
@@ -87,53 +98,71 @@ def append(self:ExactWindow, slot:int, # the sequence's slot
 
 @patch
 def lookup(self:ExactWindow, slot:int, pos:Tensor, # int64 positions of one sequence
-          ) -> tuple[Tensor, Tensor, Tensor]: # (held: bool [n], k, v: float32 [n, kv_heads, head_dim], zero where not held)
+          # (held: bool [n], k, v: float32 [n, kv_heads, head_dim], zero where not held)
+          ) -> tuple[Tensor, Tensor, Tensor]:
     "Which of `pos` the window holds for `slot`, and their exact K/V (codec domain)."
     S, R, L = self.sinks, self.recent, int(self.lens[slot])
     sink = pos < min(S, L)
     rec = (pos >= max(S, L - R)) & (pos < L)
     H, D = self.k_sink.shape[2:]
     k = torch.zeros(pos.shape[0], H, D, device=pos.device); v = torch.zeros_like(k)
-    if S: ps = pos.clamp(0, S - 1); k = torch.where(sink[:, None, None], self.k_sink[slot, ps].float(), k); v = torch.where(sink[:, None, None], self.v_sink[slot, ps].float(), v)
-    if R: pr = pos % R; k = torch.where(rec[:, None, None], self.k_recent[slot, pr].float(), k); v = torch.where(rec[:, None, None], self.v_recent[slot, pr].float(), v)
+    if S:
+        ps = pos.clamp(0, S - 1)
+        k = torch.where(sink[:, None, None], self.k_sink[slot, ps].float(), k)
+        v = torch.where(sink[:, None, None], self.v_sink[slot, ps].float(), v)
+    if R:
+        pr = pos % R
+        k = torch.where(rec[:, None, None], self.k_recent[slot, pr].float(), k)
+        v = torch.where(rec[:, None, None], self.v_recent[slot, pr].float(), v)
     return sink | rec, k, v
 
 # %% ../nbs/30_attention.ref.ipynb #6f26897d
 def _pair(codec) -> tuple[Codec, Codec]:
-    "(key codec, value codec) from one codec (both) or a pair (pages whose keys are in another format than their values)."
+    "(key codec, value codec) from one codec (both) or a pair (keys in another format than the values)."
     kc, vc = codec if isinstance(codec, tuple) and len(codec) == 2 else (codec, codec)
     for c in (kc, vc):
-        if not isinstance(c, Codec): raise TypeError(f"codec must be a hqkv Codec or a (key codec, value codec) pair, got {type(c).__name__}")
-    if kc.head_dim != vc.head_dim: raise ValueError(f"key codec head_dim {kc.head_dim} != value codec head_dim {vc.head_dim}")
+        if not isinstance(c, Codec):
+            raise TypeError(f"codec must be a hqkv Codec or a (key codec, value codec) pair, got {type(c).__name__}")
+    if kc.head_dim != vc.head_dim:
+        raise ValueError(f"key codec head_dim {kc.head_dim} != value codec head_dim {vc.head_dim}")
     return kc, vc
 
 def _check_pages(k_pages, v_pages, codec):
     kc, vc = _pair(codec)
     for n, t, c in (("k_pages", k_pages, kc), ("v_pages", v_pages, vc)):
         if not isinstance(t, Tensor) or t.dtype != torch.uint8 or t.ndim != 4:
-            raise TypeError(f"{n} must be a uint8 tensor [num_pages, page_size, kv_heads, row_bytes], got {getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
+            raise TypeError(f"{n} must be a uint8 tensor [num_pages, page_size, kv_heads, row_bytes], got "
+                            f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
         if t.shape[-1] != c.row_bytes:
-            raise ValueError(f"{n}: row_bytes {t.shape[-1]} does not match {c.name} at head_dim {c.head_dim} (row_bytes {c.row_bytes})")
-    if k_pages.shape[:3] != v_pages.shape[:3]: raise ValueError(f"k_pages {tuple(k_pages.shape)} and v_pages {tuple(v_pages.shape)} differ")
+            raise ValueError(f"{n}: row_bytes {t.shape[-1]} does not match {c.name} at head_dim {c.head_dim} "
+                             f"(row_bytes {c.row_bytes})")
+    if k_pages.shape[:3] != v_pages.shape[:3]:
+        raise ValueError(f"k_pages {tuple(k_pages.shape)} and v_pages {tuple(v_pages.shape)} differ")
     return k_pages.shape[0], k_pages.shape[1], k_pages.shape[2]
 
 def _check_int(name, t, shape0=None):
     if not isinstance(t, Tensor) or t.dtype != torch.int32 or t.ndim != 1:
-        raise TypeError(f"{name} must be a 1-D int32 tensor, got {getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
-    if shape0 is not None and t.shape[0] != shape0: raise ValueError(f"{name} must have {shape0} entries, got {t.shape[0]}")
+        raise TypeError(f"{name} must be a 1-D int32 tensor, got {getattr(t, 'dtype', type(t).__name__)} "
+                        f"{tuple(getattr(t, 'shape', ()))}")
+    if shape0 is not None and t.shape[0] != shape0:
+        raise ValueError(f"{name} must have {shape0} entries, got {t.shape[0]}")
     return t.tolist()
 
 def _check_table(indptr, indices, B, num_pages):
     ip = _check_int("indptr", indptr, B + 1); idx = _check_int("indices", indices)
     if ip[0] != 0 or any(b < a for a, b in zip(ip, ip[1:])) or ip[-1] > len(idx):
         raise ValueError(f"indptr must start at 0, never decrease and end <= len(indices)={len(idx)}, got {ip}")
-    if idx and (min(idx) < 0 or max(idx) >= num_pages): raise ValueError(f"indices must be page ids in [0, {num_pages}), got range [{min(idx)}, {max(idx)}]")
+    if idx and (min(idx) < 0 or max(idx) >= num_pages):
+        raise ValueError(f"indices must be page ids in [0, {num_pages}), got range [{min(idx)}, {max(idx)}]")
     return ip, idx
 
 def _check_window(window, slots, lens, kv_heads, head_dim, what):
     if window is None: return None
-    if not isinstance(window, ExactWindow): raise TypeError(f"window must be an ExactWindow, got {type(window).__name__}")
-    if tuple(window.k_sink.shape[2:]) != (kv_heads, head_dim): raise ValueError(f"window is [.., {window.k_sink.shape[2]}, {window.k_sink.shape[3]}] but the pages have {kv_heads} kv heads of {head_dim}")
+    if not isinstance(window, ExactWindow):
+        raise TypeError(f"window must be an ExactWindow, got {type(window).__name__}")
+    if tuple(window.k_sink.shape[2:]) != (kv_heads, head_dim):
+        raise ValueError(f"window is [.., {window.k_sink.shape[2]}, {window.k_sink.shape[3]}] but the pages have "
+                         f"{kv_heads} kv heads of {head_dim}")
     sl = list(range(len(lens))) if slots is None else _check_int("window_slots", slots, len(lens))
     wl = window.lens.tolist()
     if any(s < 0 or s >= len(wl) for s in sl): raise ValueError(f"window_slots must be in [0, {len(wl)}), got {sl}")
@@ -143,9 +172,11 @@ def _check_window(window, slots, lens, kv_heads, head_dim, what):
 
 def _check_q(q, heads_kv, D, name="q", ndim=3):
     if not isinstance(q, Tensor) or not q.is_floating_point() or q.ndim != ndim:
-        raise TypeError(f"{name} must be a floating-point tensor with {ndim} dims, got {getattr(q, 'dtype', type(q).__name__)} {tuple(getattr(q, 'shape', ()))}")
+        raise TypeError(f"{name} must be a floating-point tensor with {ndim} dims, got "
+                        f"{getattr(q, 'dtype', type(q).__name__)} {tuple(getattr(q, 'shape', ()))}")
     if q.shape[-1] != D: raise ValueError(f"{name}: head_dim {q.shape[-1]} != codec head_dim {D}")
-    if q.shape[-2] % heads_kv: raise ValueError(f"{name}: {q.shape[-2]} query heads is not a multiple of {heads_kv} kv heads (GQA)")
+    if q.shape[-2] % heads_kv:
+        raise ValueError(f"{name}: {q.shape[-2]} query heads is not a multiple of {heads_kv} kv heads (GQA)")
     return q.shape[-2] // heads_kv
 
 # %% ../nbs/30_attention.ref.ipynb #b4cba766
@@ -209,7 +240,8 @@ def paged_decode(q:Tensor, # float [B, Hq, D], original domain; Hq a multiple of
     B = q.shape[0]
     ip, idx = _check_table(indptr, indices, B, num_pages)
     lpl = _check_int("last_page_len", last_page_len, B)
-    if any(ip[b + 1] == ip[b] for b in range(B)): raise ValueError("paged_decode: every sequence needs at least one page")
+    if any(ip[b + 1] == ip[b] for b in range(B)):
+        raise ValueError("paged_decode: every sequence needs at least one page")
     if any(not 1 <= x <= P for x in lpl): raise ValueError(f"last_page_len must be in 1..{P}, got {lpl}")
     lens = [(ip[b + 1] - ip[b] - 1) * P + lpl[b] for b in range(B)]
     slots = _check_window(window, window_slots, lens, Hkv, D, "sequence length")
@@ -218,7 +250,8 @@ def paged_decode(q:Tensor, # float [B, Hq, D], original domain; Hq a multiple of
     out = torch.empty(B, Hkv, G, D, device=q.device); lse = torch.empty(B, Hkv, G, device=q.device)
     for b in range(B):
         sm = _Softmax(qr[b].reshape(Hkv, G, D))
-        for _, k, v in _page_blocks(k_pages, v_pages, idx[ip[b]:ip[b + 1]], lens[b], codec, window, None if slots is None else slots[b]):
+        for _, k, v in _page_blocks(k_pages, v_pages, idx[ip[b]:ip[b + 1]], lens[b], codec, window,
+                                    None if slots is None else slots[b]):
             sm.update(k, v)
         out[b], lse[b] = sm.finish()
     o = vc.unrotate(out.reshape(B, Hkv * G, D)).to(q.dtype)     # rotate the output back once (from the values' domain)
@@ -229,7 +262,8 @@ def random_paged(lens:list[int], # tokens per sequence
                  kv_heads:int, codec:Codec,
                  page_size:int=64, spare_pages:int=3, # unused pages in the pool (hold garbage)
                  seed:int=0, dtype=torch.bfloat16, device=None,
-                ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, list[Tensor], list[Tensor]]: # k_pages, v_pages, indptr, indices, last_page_len, ks, vs
+                # k_pages, v_pages, indptr, indices, last_page_len, ks, vs
+                ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, list[Tensor], list[Tensor]]:
     "A random paged pool for tests: exact K/V per sequence ([L, kv_heads, D], `dtype`) coded into shuffled pages."
     g = torch.Generator().manual_seed(seed)
     D = codec.head_dim
@@ -245,7 +279,8 @@ def random_paged(lens:list[int], # tokens per sequence
         ids = [perm.pop() for _ in range(n)]
         for j, pid in enumerate(ids):
             sl = slice(j * page_size, min(L, (j + 1) * page_size))
-            k_pages[pid, : sl.stop - sl.start] = codec.encode(k[sl]); v_pages[pid, : sl.stop - sl.start] = codec.encode(v[sl])
+            k_pages[pid, : sl.stop - sl.start] = codec.encode(k[sl])
+            v_pages[pid, : sl.stop - sl.start] = codec.encode(v[sl])
         indices += ids; indptr.append(len(indices)); last.append(L - (n - 1) * page_size)
     i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=device)
     return k_pages.to(device), v_pages.to(device), i32(indptr), i32(indices), i32(last), ks, vs
@@ -266,7 +301,8 @@ def sdpa_decode(q:Tensor, ks:list[Tensor], vs:list[Tensor], scale:float|None=Non
     "Dense SDPA oracle: q [B, Hq, D] against per-sequence K/V lists ([L, kv_heads, D]); float32 out."
     outs = []
     for b, (k, v) in enumerate(zip(ks, vs)):
-        outs.append(F.scaled_dot_product_attention(q[b, :, None].float(), k.transpose(0, 1).float(), v.transpose(0, 1).float(),
+        outs.append(F.scaled_dot_product_attention(q[b, :, None].float(), k.transpose(0, 1).float(),
+                                                   v.transpose(0, 1).float(),
                                                    scale=scale, enable_gqa=True)[:, 0])
     return torch.stack(outs)
 
@@ -291,13 +327,16 @@ def paged_prefill(q:Tensor, # float [T, Hq, D]: the chunks' queries, sequence b'
     G = _check_q(q, Hkv, D)
     _check_q(k_new, Hkv, D, "k_new"); _check_q(v_new, Hkv, D, "v_new")
     T = q.shape[0]
-    if k_new.shape != (T, Hkv, D) or v_new.shape != (T, Hkv, D): raise ValueError(f"k_new/v_new must be [{T}, {Hkv}, {D}], got {tuple(k_new.shape)} and {tuple(v_new.shape)}")
+    if k_new.shape != (T, Hkv, D) or v_new.shape != (T, Hkv, D):
+        raise ValueError(f"k_new/v_new must be [{T}, {Hkv}, {D}], got {tuple(k_new.shape)} and {tuple(v_new.shape)}")
     qo = _check_int("qo_indptr", qo_indptr)
     B = len(qo) - 1
-    if B < 1 or qo[0] != 0 or qo[-1] != T or any(b < a for a, b in zip(qo, qo[1:])): raise ValueError(f"qo_indptr must run from 0 to {T} without decreasing, got {qo}")
+    if B < 1 or qo[0] != 0 or qo[-1] != T or any(b < a for a, b in zip(qo, qo[1:])):
+        raise ValueError(f"qo_indptr must run from 0 to {T} without decreasing, got {qo}")
     ip, idx = _check_table(indptr, indices, B, num_pages)
     pl = _check_int("prefix_lens", prefix_lens, B)
-    if any(x < 0 or x > (ip[b + 1] - ip[b]) * P for b, x in enumerate(pl)): raise ValueError(f"prefix_lens {pl} must be >= 0 and fit in each sequence's pages")
+    if any(x < 0 or x > (ip[b + 1] - ip[b]) * P for b, x in enumerate(pl)):
+        raise ValueError(f"prefix_lens {pl} must be >= 0 and fit in each sequence's pages")
     slots = _check_window(window, window_slots, pl, Hkv, D, "prefix length")
     scale = 1 / math.sqrt(D) if scale is None else float(scale)
     qr = kc.rotate(q.float()) * scale
@@ -308,7 +347,8 @@ def paged_prefill(q:Tensor, # float [T, Hq, D]: the chunks' queries, sequence b'
         if C == 0: continue
         rows = qr[a:e].reshape(C, Hkv, G, D).permute(1, 2, 0, 3).reshape(Hkv, G * C, D)  # row = g * C + i
         sm = _Softmax(rows)
-        for _, k, v in _page_blocks(k_pages, v_pages, idx[ip[b]:ip[b + 1]], pl[b], codec, window, None if slots is None else slots[b]):
+        for _, k, v in _page_blocks(k_pages, v_pages, idx[ip[b]:ip[b + 1]], pl[b], codec, window,
+                                    None if slots is None else slots[b]):
             sm.update(k, v)                                   # the prefix: all visible
         qpos = torch.arange(C, device=q.device).repeat(G)     # chunk index of each row
         for j in range(0, C, block):

@@ -57,15 +57,19 @@ class AttnBackend(Protocol):
     "How a `PagedKV` stores a step's new rows and attends over pages: planned once per step, run once per layer."
     name: str
     softcap: bool        # whether it applies attention-logit soft-capping (Gemma 2)
-    defers_codes: bool   # whether decode rows may wait in the window for their page (a CPU codec call per row costs more than the attention)
-    def check(self, pool:KVPool): ...                                  # refuse a pool it cannot read (ValueError naming why)
-    def plan(self, kv, step:StepPlan) -> object: ...                    # index tensors every layer of the step reuses (kv: the `PagedKV`)
+    # whether decode rows may wait in the window for their page (a CPU codec call per row costs more than the attention)
+    defers_codes: bool
+    def check(self, pool:KVPool): ...  # refuse a pool it cannot read (ValueError naming why)
+    def plan(self, kv, step:StepPlan) -> object: ...  # index tensors every layer of the step reuses (kv: the `PagedKV`)
     def store(self, kv, li:int, k:Tensor, v:Tensor, slots:Tensor): ...  # code rows into pool layer li
-    def attend(self, kv, step:StepPlan, li:int, q:Tensor, k:Tensor, v:Tensor, scale:float, softcap:float|None) -> Tensor: ...
+    def attend(self, kv, step:StepPlan, li:int, q:Tensor, k:Tensor, v:Tensor, scale:float,
+               softcap:float|None) -> Tensor:
+        ...
 
 def encode_store(kv, # a `PagedKV`
                  li:int, k:Tensor, v:Tensor, slots:Tensor):
-    "Code K/V rows ([m, kv_heads, D], original domain) with layer `li`'s codecs into its pages at flat rows `slots` (K and V in one call when one codec)."
+    "Code K/V rows ([m, kv_heads, D], original domain) with layer `li`'s codecs into its pages at flat rows `slots`."
+    # K and V in one call when one codec
     kp, vp = kv.pool.k(li), kv.pool.v(li)
     kc, vc, H = kv.k_codecs[li], kv.v_codecs[li], kp.shape[2]
     if kc is vc: rows = kc.encode(torch.cat([k, v])); kr, vr = rows[:len(k)], rows[len(k):]
@@ -88,13 +92,15 @@ def _held(kv, P:int) -> tuple[int, int]:
 def _window_of(kv) -> tuple[int, int]: return (kv.sinks, kv.recent) if kv.windows is not None else (0, 0)
 
 def gqa_attention(q:Tensor, # float32 [n, Hq, D]: a chunk's queries at positions P..P+n-1
-                  K:Tensor, V:Tensor, # float32 [L, Hkv, D]: every key/value the chunk sees (its own last), positions K0..P+n-1
+                  # float32 [L, Hkv, D]: every key/value the chunk sees (its own last), positions K0..P+n-1
+                  K:Tensor, V:Tensor,
                   P:int, scale:float,
                   softcap:float|None=None, # Gemma 2: scores soft-capped at +-softcap
                   window:int|None=None, # sliding window: a query at p sees keys p-window+1..p
                   K0:int=0,
-                  mask:Tensor|None=None) -> Tensor: # bool [n, L]: which keys each query reads (instead of causal and window)
-    "Causal attention in which the G query heads of a KV head are G rows of one query matrix: K and V are read once per KV head."
+                  mask:Tensor|None=None, # bool [n, L]: which keys each query reads (instead of causal and window)
+                 ) -> Tensor:
+    "Causal attention, the G query heads of a KV head as G rows of one query matrix: K and V read once per KV head."
     n, Hq, D = q.shape
     L, Hkv = K.shape[:2]; G = Hq // Hkv
     rows = q.reshape(n, Hkv, G, D).transpose(0, 1).reshape(Hkv, n * G, D)            # row = token * G + head
@@ -122,11 +128,13 @@ class GatherDecode:
     lens: Tensor               # int64 [B]: keys each one sees (its prefix and itself)
     page_src: Tensor|None      # flat page rows of the coded parts ...
     page_dst: Tensor|None      # ... and their rows in the flat padded buffer
-    spans: list                # per sequence (lane, P, s, r): rows [0, s) from the sinks, [r, P) from the ring, P its own
+    spans: list  # per sequence (lane, P, s, r): rows [0, s) from the sinks, [r, P) from the ring, P its own
 
 @dataclass(slots=True)
 class GatherPlan:
-    "The decode batch, and per prefill chunk (index, P, s, r, src, x): rows [0, s) from the sinks, [s, r) decoded from flat page rows `src`, [r, P) from the ring; x: (lo, hi, flat page rows) of the positions its queries read coded under `decode_reads`, or None."
+    "The decode batch, and per prefill chunk (index, P, s, r, src, x): where each row of its prefix comes from."
+    # rows [0, s) from the sinks, [s, r) decoded from flat page rows `src`, [r, P) from the ring;
+    # x: (lo, hi, flat page rows) of the positions its queries read coded under `decode_reads`, or None
     spans: list
     longest: int               # the longest prefix + chunk among the prefill chunks (one K/V buffer serves them all)
     dec: GatherDecode|None
@@ -138,7 +146,7 @@ def _page_rows(kv, sid, s:int, r:int) -> Tensor:
     return pages[pos // pt] * pt + pos % pt
 
 def _plan_decode(kv, step, dec:tuple) -> GatherDecode:
-    "Index tensors that gather every decoding sequence's K/V into one padded buffer, built once for all layers of the step."
+    "Index tensors that gather every decoding sequence's K/V into one padded buffer, built once for the step's layers."
     lmax, dev = max(step.pos0[i] for i in dec) + 1, kv.pool.device
     ps, pd, spans = [], [], []
     for b, i in enumerate(dec):
@@ -147,7 +155,8 @@ def _plan_decode(kv, step, dec:tuple) -> GatherDecode:
         if r > s: ps.append(_page_rows(kv, step.seq_ids[i], s, r)); pd.append(b * lmax + torch.arange(s, r))
         spans.append((step.lanes[i], P, s, r))
     cat = lambda x: torch.cat(x).to(dev) if x else None
-    return GatherDecode(dec, torch.tensor([step.cu[i] for i in dec], device=dev), lmax, torch.tensor([step.pos0[i] + 1 for i in dec], device=dev),
+    return GatherDecode(dec, torch.tensor([step.cu[i] for i in dec], device=dev), lmax,
+                        torch.tensor([step.pos0[i] + 1 for i in dec], device=dev),
                         cat(ps), cat(pd), spans)
 
 def gqa_padded(q:Tensor, # float32 [B, Hq, D]: one query per sequence
@@ -157,7 +166,8 @@ def gqa_padded(q:Tensor, # float32 [B, Hq, D]: one query per sequence
     B, Hq, D = q.shape
     L, Hkv = K.shape[1:3]
     qq, Kt, Vt = q.reshape(B, Hkv, Hq // Hkv, D), K.transpose(1, 2), V.transpose(1, 2)
-    mask = None if bool((lens == L).all()) else (torch.arange(L, device=q.device)[None, :] < lens[:, None])[:, None, None, :]
+    mask = None if bool((lens == L).all()) else \
+        (torch.arange(L, device=q.device)[None, :] < lens[:, None])[:, None, None, :]
     if softcap is None: o = F.scaled_dot_product_attention(qq, Kt, Vt, attn_mask=mask, scale=scale)
     else:
         s = torch.tanh(qq @ Kt.transpose(-1, -2) * (scale / softcap)) * softcap
@@ -167,13 +177,15 @@ def gqa_padded(q:Tensor, # float32 [B, Hq, D]: one query per sequence
 
 # %% ../nbs/36_backends.ipynb #355c3b14
 class GatherAttn:
-    "CPU path: decode tokens as one padded batch, prefill chunks one at a time; coded rows decoded, window rows copied, own rows exact."
+    "Decode tokens as one padded batch, prefill chunks one at a time."
+    # coded rows decoded, window rows copied, a chunk's own rows exact
     name, softcap, defers_codes = "gather", True, True
     def __init__(self): self._scratch = {}   # K/V buffers every layer reuses (a fresh one per layer costs page faults)
     def check(self, pool): pass
     store = staticmethod(encode_store)
     def buffers(self, kind:str, n:int, H:int, D:int, device) -> tuple[Tensor, Tensor]:
-        "Two float32 [n, H, D] buffers from a scratch kept across layers and steps (zeroed when made: padding rows stay finite)."
+        "Two float32 [n, H, D] buffers from a scratch kept across layers and steps."
+        # zeroed when made: padding rows stay finite
         t = self._scratch.get(kind)
         if t is None or t.shape[1] < n or t.shape[2:] != (H, D) or t.device != device:
             t = self._scratch[kind] = torch.zeros(2, max(n, 2 * (0 if t is None else t.shape[1])), H, D, device=device)
@@ -186,22 +198,27 @@ class GatherAttn:
             lo, hi = decode_span(P, step.lens[i], *_window_of(kv)) if kv.decode_reads else (0, 0)
             spans.append((i, P, s, r, _page_rows(kv, sid, s, r).to(kv.pool.device) if r > s else None,
                           (lo, hi, _page_rows(kv, sid, lo, hi).to(kv.pool.device)) if hi > lo else None))
-        return GatherPlan(spans, max((P + step.lens[i] for i, P, *_ in spans), default=0), _plan_decode(kv, step, dec) if dec else None)
+        return GatherPlan(spans, max((P + step.lens[i] for i, P, *_ in spans), default=0),
+                          _plan_decode(kv, step, dec) if dec else None)
     def attend(self, kv, step, li, q, k, v, scale, softcap=None):
         kc, vc = kv.k_codecs[li], kv.v_codecs[li]
-        qr, kr, vr = kc.rotate(q.float()), kc.rotate(k.float()), vc.rotate(v.float())   # scores in the keys' domain, outputs in the values'
+        # scores in the keys' domain, outputs in the values'
+        qr, kr, vr = kc.rotate(q.float()), kc.rotate(k.float()), vc.rotate(v.float())
         out, p = torch.empty_like(qr), step.attn
         if p.dec is not None: out[p.dec.rows] = self._decode(kv, li, p.dec, qr, kr, vr, scale, softcap)
-        for i, P, s, r, src, x in p.spans: out[step.span(i)] = self._chunk(kv, li, step, i, P, s, r, src, x, qr, kr, vr, scale, softcap)
+        for i, P, s, r, src, x in p.spans:
+            out[step.span(i)] = self._chunk(kv, li, step, i, P, s, r, src, x, qr, kr, vr, scale, softcap)
         _window_append(kv, step, li, range(len(step)), kr, vr)
         return vc.unrotate(out)
 
 # %% ../nbs/36_backends.ipynb #11530a16
 def page_rows_decoded(kv, li:int, src:Tensor) -> tuple[Tensor, Tensor]:
-    "Decoded K and V (codec domains, as the window holds rows) of flat page rows `src` of layer `li` (one decode call when keys and values share a codec)."
+    "Decoded K and V (codec domains, as the window holds rows) of flat page rows `src` of layer `li`."
+    # one decode call when keys and values share a codec
     kc, vc, kp, vp = kv.k_codecs[li], kv.v_codecs[li], kv.pool.k(li), kv.pool.v(li)
     H = kp.shape[2]
-    ks, vs = kp.view(-1, H, kp.shape[3]).index_select(0, src), vp.view(-1, H, vp.shape[3]).index_select(0, src)   # ~10x faster than indexing
+    # ~10x faster than indexing
+    ks, vs = kp.view(-1, H, kp.shape[3]).index_select(0, src), vp.view(-1, H, vp.shape[3]).index_select(0, src)
     if kc is vc: both = kc.decode_rotated(torch.cat([ks, vs])); return both[:len(src)], both[len(src):]
     return kc.decode_rotated(ks), vc.decode_rotated(vs)
 
@@ -225,7 +242,8 @@ def _decode(self:GatherAttn, kv, li:int, d:GatherDecode, qr, kr, vr, scale, soft
 
 @patch
 def _chunk(self:GatherAttn, kv, li:int, step, i:int, P:int, s:int, r:int, src, x, qr, kr, vr, scale, softcap) -> Tensor:
-    "One prefill chunk attends over its prefix (sinks, codes, ring) and causally over itself; with `x` = (lo, hi, rows), as decode steps would read (`decode_reads`)."
+    "One prefill chunk attends over its prefix (sinks, codes, ring) and causally over itself."
+    # with `x` = (lo, hi, rows): as decode steps would read (`decode_reads`)
     w, kp = (kv.windows[li] if kv.windows is not None else None), kv.pool.k(li)
     sl, lane, H, D = step.span(i), step.lanes[i], kp.shape[2], kv.k_codecs[li].head_dim
     K, V = self.buffers("chunk", P + step.lens[i], H, D, qr.device)
@@ -254,14 +272,19 @@ class PagedPlan:
     pre_prefix: Tensor|None = None # int32: tokens before each chunk
     pre_lanes: Tensor|None = None
     pre_max: int = 0               # the longest chunk
-    dec_call: object = None        # the backend's per-step decode plan (made at the first layer; the CPU kernels' `DecodePlan`)
+    # the backend's per-step decode plan (made at the first layer; the CPU kernels' `DecodePlan`)
+    dec_call: object = None
 
 class PagedAttn:
-    "Every decode row in one paged-decode call, every prefill chunk in one paged-prefill call: the torch reference or the Triton kernels."
+    "Every decode row in one paged-decode call, every prefill chunk in one paged-prefill call."
+    # the calls: the torch reference, the Triton kernels or the CPU kernels
     softcap = False
     def __init__(self, name:str, decode, prefill, store=None, check=None, chunk_arg:bool=False, defers_codes:bool=True,
-                 plan_decode=None): # (k_pages, v_pages, indptr, indices, last_page_len, codec, window, slots) -> an object whose `run` every layer calls
-        self.name, self._decode, self._prefill, self._store, self._check, self._chunk_arg = name, decode, prefill, store, check, chunk_arg
+                 # (k_pages, v_pages, indptr, indices, last_page_len, codec, window, slots) -> an object whose `run`
+                 # every layer calls
+                 plan_decode=None):
+        self.name, self._decode, self._prefill = name, decode, prefill
+        self._store, self._check, self._chunk_arg = store, check, chunk_arg
         self._plan_decode = plan_decode
         self.defers_codes = defers_codes
     def __repr__(self): return f"PagedAttn({self.name!r})"
@@ -275,13 +298,15 @@ class PagedAttn:
         p = PagedPlan(dec, pre)
         if dec:
             p.dec_table = pool.page_table([step.seq_ids[i] for i in dec])
-            p.dec_rows, p.dec_lanes = torch.tensor([step.cu[i] for i in dec], device=dev), i32([step.lanes[i] for i in dec])
+            p.dec_rows = torch.tensor([step.cu[i] for i in dec], device=dev)
+            p.dec_lanes = i32([step.lanes[i] for i in dec])
         if pre:
             p.pre_table = pool.page_table([step.seq_ids[i] for i in pre])
             p.pre_rows = torch.cat([torch.arange(step.cu[i], step.cu[i + 1]) for i in pre]).to(dev)
             qo = [0]
             for i in pre: qo.append(qo[-1] + step.lens[i])
-            p.pre_qo, p.pre_prefix, p.pre_lanes = i32(qo), i32([step.pos0[i] for i in pre]), i32([step.lanes[i] for i in pre])
+            p.pre_qo, p.pre_prefix = i32(qo), i32([step.pos0[i] for i in pre])
+            p.pre_lanes = i32([step.lanes[i] for i in pre])
             p.pre_max = max(step.lens[i] for i in pre)
         return p
     def store(self, kv, li, k, v, slots):
@@ -290,7 +315,9 @@ class PagedAttn:
         self._store(k.float().contiguous(), v.float().contiguous(), kv.pool.k(li), kv.pool.v(li), slots,
                     kc if kc is vc else (kc, vc), check=False)
     def attend(self, kv, step, li, q, k, v, scale, softcap=None):
-        if softcap is not None: raise ValueError(f"the {self.name} attention backend has no logit soft-capping (softcap={softcap}); use attn='gather'")
+        if softcap is not None:
+            raise ValueError(f"the {self.name} attention backend has no logit soft-capping (softcap={softcap}); "
+                             "use attn='gather'")
         p, w = step.attn, (kv.windows[li] if kv.windows is not None else None)
         kp, vp, kc, vc = kv.pool.k(li), kv.pool.v(li), kv.k_codecs[li], kv.v_codecs[li]
         c = kc if kc is vc else (kc, vc)                 # keys in another format than values: a (key, value) pair
@@ -300,9 +327,11 @@ class PagedAttn:
             _window_append(kv, step, li, p.dec, kr, vr)  # the token is in its pages and window before it attends
             t, lanes = p.dec_table, (p.dec_lanes if w is not None else None)
             if self._plan_decode is None:
-                o[p.dec_rows] = self._decode(q[p.dec_rows], kp, vp, t.indptr, t.indices, t.last_page_len, c, scale, window=w, window_slots=lanes).to(o.dtype)
+                o[p.dec_rows] = self._decode(q[p.dec_rows], kp, vp, t.indptr, t.indices, t.last_page_len, c, scale,
+                                             window=w, window_slots=lanes).to(o.dtype)
             else:                                        # the table checked and split once per step, not once per layer
-                if p.dec_call is None: p.dec_call = self._plan_decode(kp, vp, t.indptr, t.indices, t.last_page_len, c, w, lanes)
+                if p.dec_call is None:
+                    p.dec_call = self._plan_decode(kp, vp, t.indptr, t.indices, t.last_page_len, c, w, lanes)
                 o[p.dec_rows] = p.dec_call.run(q[p.dec_rows], kp, vp, c, scale, window=w).to(o.dtype)
         if p.pre:
             t, r = p.pre_table, p.pre_rows
@@ -337,7 +366,8 @@ def triton_kernels_read(pool:KVPool) -> bool:
     return True   # the store kernel codes rows as they come
 
 def _cpu_backend() -> PagedAttn:
-    "The CPU kernels that read pages in place (`hqkv.attention_cpu`: built with g++ on first use; a missing compiler is a named error)."
+    "The CPU kernels that read pages in place (`hqkv.attention_cpu`)."
+    # built with g++ on first use; a missing compiler is a named error
     from hqkv.attention_cpu import DecodePlan, paged_decode_cpu, paged_prefill_cpu, cpu_format
     def check(pool):
         for li in range(pool.geometry.attn_layers): cpu_format(pool.k_codec(li)); cpu_format(pool.v_codec(li))
@@ -356,7 +386,8 @@ def get_backend(name:str) -> AttnBackend:
 _CPU_WARNED = []   # the reason the CPU kernels cannot run here, once warned
 
 def cpu_kernels_read(pool:KVPool) -> bool:
-    "Whether the `cpu` backend can read every layer of `pool` on this machine: formats the kernels read, and kernels that build (a C++ compiler)."
+    "Whether the `cpu` backend can read every layer of `pool` on this machine."
+    # formats the kernels read, and kernels that build (a C++ compiler)
     from hqkv.attention_cpu import cpu_format, lib
     try:
         for li in range(pool.geometry.attn_layers): cpu_format(pool.k_codec(li)); cpu_format(pool.v_codec(li))
@@ -365,8 +396,9 @@ def cpu_kernels_read(pool:KVPool) -> bool:
     except (RuntimeError, OSError) as e:
         if not _CPU_WARNED:
             _CPU_WARNED.append(str(e))
-            warnings.warn(f"hqkv: the CPU attention kernels cannot run here ({e}); attention runs on the 'gather' backend, which copies "
-                          "every prefix row each step (slower at long context). Install g++ to get them, or set engine.attn='gather' to silence this.",
+            warnings.warn(f"hqkv: the CPU attention kernels cannot run here ({e}); attention runs on the 'gather' "
+                          "backend, which copies every prefix row each step (slower at long context). Install g++ to "
+                          "get them, or set engine.attn='gather' to silence this.",
                           UserWarning, stacklevel=3)
         return False
     return True
@@ -374,7 +406,7 @@ def cpu_kernels_read(pool:KVPool) -> bool:
 def default_backend(pool:KVPool, # the pool the backend reads
                     softcap:bool=False, # the model soft-caps attention logits (Gemma 2): only `gather` does
                    ) -> str:
-    "Default: on CUDA the Triton kernels for pools they read (a bit plan's too), on CPU the CPU kernels'; else `gather`."
+    "Default: on CUDA the Triton kernels for pools they read, on CPU the CPU kernels', else `gather`."
     if softcap: return "gather"
     if pool.device.type == "cuda" and triton_kernels_read(pool): return "triton"
     if pool.device.type == "cpu" and cpu_kernels_read(pool): return "cpu"
