@@ -18,17 +18,19 @@ __all__ = ['KERNEL_FORMATS', 'KERNEL_HEAD_DIMS', 'TILES', 'kernel_format', 'kern
 # %% ../../nbs/30a_kernels.ipynb #7acfe665
 # format name -> FORMAT constexpr (tbq: its bits)
 KERNEL_FORMATS = {"bf16": 0, "hq-e8-2b": 1, "tbq2": 2, "tbq3": 3, "tbq4": 4, "q8_0": 5, "q4_0": 6}
-KERNEL_HEAD_DIMS = tuple(range(64, 513, 16))  # multiples of 16: a row is one power-of-two block `tl.arange(0, D_PAD)`, masked past D
+# multiples of 16: a row is one power-of-two block `tl.arange(0, D_PAD)`, masked past D
+KERNEL_HEAD_DIMS = tuple(range(64, 513, 16))
 
 def kernel_format(codec:Codec) -> int:
     "The `FORMAT` constexpr for `codec`; ValueError naming the supported formats for anything else."
     if not isinstance(codec, Codec): raise TypeError(f"expected a hqkv Codec, got {type(codec).__name__}")
     if codec.name not in KERNEL_FORMATS:
-        raise ValueError(f"the Triton kernels do not support KV format {codec.name!r}; supported: {', '.join(KERNEL_FORMATS)} "
-                         "(use hqkv.attention's torch reference for other formats)")
+        raise ValueError(f"the Triton kernels do not support KV format {codec.name!r}; supported: "
+                         f"{', '.join(KERNEL_FORMATS)} (use hqkv.attention's torch reference for other formats)")
     if codec.head_dim not in KERNEL_HEAD_DIMS:
-        raise ValueError(f"the Triton kernels read head_dim {', '.join(map(str, KERNEL_HEAD_DIMS))}, not {codec.head_dim} "
-                         f"(use hqkv.attention's torch reference, attn='ref' or 'gather', for {codec.name} at head_dim {codec.head_dim})")
+        raise ValueError(f"the Triton kernels read head_dim {', '.join(map(str, KERNEL_HEAD_DIMS))}, not "
+                         f"{codec.head_dim} (use hqkv.attention's torch reference, attn='ref' or 'gather', for "
+                         f"{codec.name} at head_dim {codec.head_dim})")
     return KERNEL_FORMATS[codec.name]
 
 def kernel_formats(codec:Codec|tuple[Codec, Codec], # one codec (keys and values), or a (key codec, value codec) pair
@@ -51,7 +53,8 @@ def check_device(*ts:torch.Tensor):
     if len(devs) != 1: raise ValueError(f"kernel inputs are on different devices: {sorted(map(str, devs))}")
     dev = devs.pop()
     if dev.type == "cpu" and not interpreting():
-        raise ValueError("Triton kernels need CUDA tensors (or TRITON_INTERPRET=1 for the CPU interpreter); use hqkv.attention's torch reference on CPU")
+        raise ValueError("Triton kernels need CUDA tensors (or TRITON_INTERPRET=1 for the CPU interpreter); use "
+                         "hqkv.attention's torch reference on CPU")
     return dev
 
 # %% ../../nbs/30a_kernels.ipynb #7a1e5c02
@@ -63,20 +66,24 @@ class Tile:
     num_warps: int = 4
     num_stages: int = 1
 
-TILES = {   # (kernel, head-dim ceiling) -> {arch: Tile}; arch None: the interpreter. From `make kernel-check` (kernels/resources.md)
+# (kernel, head-dim ceiling) -> {arch: Tile}; arch None: the interpreter. From `make kernel-check`
+# (kernels/resources.md)
+TILES = {
     ("decode", 64):   {80: Tile(16, 0, 4, 2), 90: Tile(16, 0, 4, 2), None: Tile(64)},
     ("decode", 128):  {80: Tile(16, 0, 8, 2), 90: Tile(16, 0, 8, 2), None: Tile(64)},
     ("decode", 256):  {80: Tile(16, 0, 8, 2), 90: Tile(16, 0, 8, 2), None: Tile(64)},
     ("decode", 512):  {80: Tile(16, 0, 8, 2), 90: Tile(16, 0, 8, 2), None: Tile(64)},
-    ("prefill", 64):  {80: Tile(16, 32, 8, 1), 90: Tile(16, 64, 8, 1), None: Tile(64, 64)},   # sm_80: 64 rows spill (bf16, tbq3)
+    # sm_80: 64 rows spill (bf16, tbq3)
+    ("prefill", 64):  {80: Tile(16, 32, 8, 1), 90: Tile(16, 64, 8, 1), None: Tile(64, 64)},
     ("prefill", 128): {80: Tile(32, 64, 8, 1), 90: Tile(32, 64, 8, 1), None: Tile(64, 64)},
     ("prefill", 256): {80: Tile(16, 32, 8, 1), 90: Tile(16, 32, 8, 1), None: Tile(64, 64)},
     ("prefill", 512): {80: Tile(16, 16, 8, 1), 90: Tile(16, 16, 8, 1), None: Tile(64, 64)},
-    ("store", 512):   {80: Tile(4, 4, 4, 1), 90: Tile(4, 4, 4, 1), None: Tile(16, 64)},   # hq-e8-2b; bf16 rows are copied 16 tokens a program
+    # hq-e8-2b; bf16 rows are copied 16 tokens a program
+    ("store", 512):   {80: Tile(4, 4, 4, 1), 90: Tile(4, 4, 4, 1), None: Tile(16, 64)},
 }
 
 def device_arch(device=None) -> int|None:
-    "Compute capability of a CUDA device as an int (80, 90, ...); None for anything else (the interpreter's CPU tensors)."
+    "Compute capability of a CUDA device as an int (80, 90, ...); None for anything else (the interpreter's tensors)."
     device = torch.device(device) if device is not None else None
     if device is None or device.type != "cuda": return None
     major, minor = torch.cuda.get_device_capability(device)
@@ -86,7 +93,8 @@ def tile(kernel:str, # "decode", "prefill" or "store"
          head_dim:int, device=None) -> Tile:
     "The `TILES` entry for `kernel` at `head_dim` on `device`'s arch (the interpreter's row off CUDA)."
     rows = sorted((d, archs) for (k, d), archs in TILES.items() if k == kernel and d >= head_dim)
-    if not rows: raise ValueError(f"no tile for {kernel!r} at head_dim {head_dim}; TILES covers {sorted({k for k, _ in TILES})}")
+    if not rows:
+        raise ValueError(f"no tile for {kernel!r} at head_dim {head_dim}; TILES covers {sorted({k for k, _ in TILES})}")
     archs = rows[0][1]
     arch = None if interpreting() else device_arch(device)
     if arch is None: return archs[None]

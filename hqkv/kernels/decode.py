@@ -57,7 +57,8 @@ def _load_blocks(ptr, rows, n_ok, ok, offs_d, table_ptr, D, FORMAT: tl.constexpr
 def _load_rows(ptr, # page base pointer (already at the page and KV head)
                offs_n, n_mask, offs_d, stride_n, table_ptr, D, # D: the head dim (runtime); offs_d spans D_PAD >= D
                FORMAT: tl.constexpr, D_PAD: tl.constexpr, NS: tl.constexpr, BLOCK_N: tl.constexpr):
-    "A block of coded rows -> values [BLOCK_N, D_PAD] in the codec's (rotated) domain, zero past D (bf16 rows stay bf16, exact)."
+    "A block of coded rows -> values [BLOCK_N, D_PAD] in the codec's (rotated) domain, zero past D."
+    # bf16 rows stay bf16, exact
     rows = ptr + offs_n[:, None] * stride_n
     if FORMAT == 0:   # bf16 rows (the pages are viewed as bf16)
         x = tl.load(rows + offs_d[None, :], mask=n_mask[:, None] & (offs_d < D)[None, :], other=0.0)
@@ -66,10 +67,10 @@ def _load_rows(ptr, # page base pointer (already at the page and KV head)
                          offs_d, table_ptr, D, FORMAT, NS)
     else:             # hq-e8-2b (pages viewed as int16): D/8 codewords, then NS bf16 scales
         offs_g = tl.arange(0, D_PAD // 8)
-        ok = n_mask[:, None] & (offs_g < D // 8)[None, :]                                        # padded groups: scale 0, value 0
+        ok = n_mask[:, None] & (offs_g < D // 8)[None, :]  # padded groups: scale 0, value 0
         code = tl.load(rows + offs_g[None, :], mask=ok, other=0).to(tl.int32) & 0xFFFF                  # [BLOCK_N, D/8]
         s16 = tl.load(rows + D // 8 + (offs_g * NS // (D // 8))[None, :], mask=ok, other=0)   # `quarter_groups`
-        scale = ((s16.to(tl.int32) & 0xFFFF).to(tl.uint32) << 16).to(tl.float32, bitcast=True)          # bf16 bits -> fp32
+        scale = ((s16.to(tl.int32) & 0xFFFF).to(tl.uint32) << 16).to(tl.float32, bitcast=True)  # bf16 bits -> fp32
         w = tl.load(table_ptr + (code >> 8))             # the pattern: 8 x 2-bit magnitudes | parity << 16
         sb = (code >> 1) & 127                           # signs of coordinates 1..7
         par = sb ^ (sb >> 4)
@@ -187,7 +188,8 @@ def decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr,
     if WINDOW:
         s_held = tl.minimum(SINKS, L)
         rec_start = tl.maximum(SINKS, L - RECENT)
-        n_code = tl.cdiv(tl.minimum(rec_start, L), BLOCK_N)   # blocks wholly inside the recent window are skipped; L < SINKS: none
+        # blocks wholly inside the recent window are skipped; L < SINKS: none
+        n_code = tl.cdiv(tl.minimum(rec_start, L), BLOCK_N)
         total = n_code + tl.cdiv(SINKS, BLOCK_N) + tl.cdiv(RECENT, BLOCK_N)
     else:
         s_held = 0; rec_start = L; n_code = tl.cdiv(L, BLOCK_N); total = n_code
@@ -207,7 +209,8 @@ def decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr,
         slot = tl.load(wslot_ptr + b).to(tl.int64)
         m, l, acc = _window_blocks(q_hi, q_lo, m, l, acc, j0, j1, n_code, slot, h, ks_ptr, vs_ptr, kr_ptr, vr_ptr,
                                    stride_ss, stride_sn, stride_sh, stride_rs, stride_rn, stride_rh,
-                                   SINKS, RECENT, s_held, rec_start, L - rec_start, offs_n, offs_d, D, DOT_BF16, BLOCK_N)
+                                   SINKS, RECENT, s_held, rec_start, L - rec_start, offs_n, offs_d, D, DOT_BF16,
+                                   BLOCK_N)
     empty = l == 0.0
     o = acc / tl.where(empty, 1.0, l)[:, None]
     lse = tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, l)))
@@ -221,7 +224,7 @@ def decode_merge_kernel(po_ptr, pl_ptr, o_ptr, lse_ptr,
                         stride_plb, stride_plh, stride_pls,
                         stride_ob, stride_oh, stride_lb,
                         SPLITS, G, D, D_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr):
-    "One (sequence, query head): merge the SPLITS partial outputs by log-sum-exp (one partial row in registers at a time)."
+    "One (sequence, query head): merge the SPLITS partial outputs by log-sum-exp, one partial row at a time."
     b, hq = tl.program_id(0), tl.program_id(1)
     h, g = hq // G, hq % G
     offs_s, offs_d = tl.arange(0, SPLITS_PAD), tl.arange(0, D_PAD)
@@ -247,13 +250,16 @@ class DecodeWorkspace:
     lse: Tensor  # float32 [batch, kv_heads, splits, group]
 
     def __post_init__(self):
-        if self.o.dtype != torch.float32 or self.lse.dtype != torch.float32 or self.o.ndim != 5 or tuple(self.o.shape[:4]) != tuple(self.lse.shape):
-            raise ValueError("DecodeWorkspace: o must be float32 [B, kv_heads, splits, group, D] and lse float32 [B, kv_heads, splits, group]")
+        if (self.o.dtype != torch.float32 or self.lse.dtype != torch.float32 or self.o.ndim != 5
+                or tuple(self.o.shape[:4]) != tuple(self.lse.shape)):
+            raise ValueError("DecodeWorkspace: o must be float32 [B, kv_heads, splits, group, D] and "
+                             "lse float32 [B, kv_heads, splits, group]")
 
     @classmethod
     def allocate(cls, batch:int, kv_heads:int, group:int, head_dim:int, splits:int, device=None) -> DecodeWorkspace:
         "Uninitialised workspace for up to `batch` sequences and `splits` splits."
-        return cls(torch.empty(batch, kv_heads, splits, group, head_dim, device=device), torch.empty(batch, kv_heads, splits, group, device=device))
+        return cls(torch.empty(batch, kv_heads, splits, group, head_dim, device=device),
+                   torch.empty(batch, kv_heads, splits, group, device=device))
 
 def _check_pages(k_pages, v_pages, codec):
     "uint8 [num_pages, page_size, kv_heads, row_bytes], contiguous rows of each side's codec; K, V alike but for those."
@@ -271,26 +277,34 @@ def _page_view(pages, fmt):
     return pages.view(torch.bfloat16) if fmt == 0 else pages.view(torch.int16) if fmt == 1 else pages
 
 def _check_i32(name, t, n=None):
-    if not isinstance(t, Tensor) or t.dtype != torch.int32 or t.ndim != 1 or (n is not None and t.shape[0] != n) or (t.numel() and t.stride(0) != 1):
-        raise ValueError(f"{name} must be a contiguous 1-D int32 tensor" + (f" of {n} entries" if n is not None else "") + f", got {getattr(t, 'dtype', None)} {tuple(getattr(t, 'shape', ()))}")
+    if (not isinstance(t, Tensor) or t.dtype != torch.int32 or t.ndim != 1 or (n is not None and t.shape[0] != n)
+            or (t.numel() and t.stride(0) != 1)):
+        raise ValueError(f"{name} must be a contiguous 1-D int32 tensor" + (f" of {n} entries" if n is not None else "")
+                         + f", got {getattr(t, 'dtype', None)} {tuple(getattr(t, 'shape', ()))}")
 
 def _window_args(window, window_slots, B, Hkv, D, dev, dummy):
     "Pointers, strides and sizes of the window (dummies when there is none)."
     if window is None: return (dummy,) * 5, (0,) * 6, 0, 0, False
-    if not isinstance(window, ExactWindow): raise TypeError(f"window must be an ExactWindow, got {type(window).__name__}")
-    if tuple(window.k_sink.shape[2:]) != (Hkv, D): raise ValueError(f"window holds [.., {window.k_sink.shape[2]}, {window.k_sink.shape[3]}], the pages {Hkv} kv heads of {D}")
+    if not isinstance(window, ExactWindow):
+        raise TypeError(f"window must be an ExactWindow, got {type(window).__name__}")
+    if tuple(window.k_sink.shape[2:]) != (Hkv, D):
+        raise ValueError(f"window holds [.., {window.k_sink.shape[2]}, {window.k_sink.shape[3]}], the pages "
+                         f"{Hkv} kv heads of {D}")
     for t in (window.k_sink, window.v_sink, window.k_recent, window.v_recent):
         if t.device != dev: raise ValueError(f"window is on {t.device}, the pages on {dev}")
         if t.stride(-1) != 1: raise ValueError("window rows must be contiguous")
-    if window.k_sink.stride() != window.v_sink.stride() or window.k_recent.stride() != window.v_recent.stride(): raise ValueError("window K and V must share strides")
+    if window.k_sink.stride() != window.v_sink.stride() or window.k_recent.stride() != window.v_recent.stride():
+        raise ValueError("window K and V must share strides")
     slots = torch.arange(B, dtype=torch.int32, device=dev) if window_slots is None else window_slots
     _check_i32("window_slots", slots, B)
     ss, rs = window.k_sink.stride(), window.k_recent.stride()
-    return (window.k_sink, window.v_sink, window.k_recent, window.v_recent, slots), (ss[0], ss[1], ss[2], rs[0], rs[1], rs[2]), window.sinks, window.recent, True
+    return ((window.k_sink, window.v_sink, window.k_recent, window.v_recent, slots),
+            (ss[0], ss[1], ss[2], rs[0], rs[1], rs[2]), window.sinks, window.recent, True)
 
 _E8_TABLES = {}
 def _e8_table(codec, device):
-    "The 256 E8P patterns packed as int32: bits 2i, 2i+1 = |coordinate i| - 1/2 (0..3), bit 16 = the pattern's sign parity."
+    "The 256 E8P patterns packed as int32."
+    # bits 2i, 2i+1 = |coordinate i| - 1/2 (0..3), bit 16 = the pattern's sign parity
     if device not in _E8_TABLES:
         from hqkv.codec.e8 import E8P_ABS, E8P_PARITY
         digits = (E8P_ABS - 0.5).round().to(torch.int64)                        # [256, 8], 0..3
@@ -338,12 +352,14 @@ def decode(q:Tensor, # float [B, Hq, D], original domain; Hq a multiple of kv_he
            indptr:Tensor, indices:Tensor, last_page_len:Tensor, # int32 page table (FlashInfer)
            codec:Codec|tuple[Codec, Codec], # a format of `KERNEL_FORMATS`, or a (key codec, value codec) pair
            scale:float|None=None, # softmax scale, default 1/sqrt(D)
-           window:ExactWindow|None=None, # exact sink/recent tokens (its lens must match the sequences; not re-checked here)
+           # exact sink/recent tokens (its lens must match the sequences; not re-checked here)
+           window:ExactWindow|None=None,
            window_slots:Tensor|None=None, # int32 [B]
            splits:int|None=None, # split-K factor (default: enough programs to fill the GPU)
            workspace:DecodeWorkspace|None=None, # reused split partials (allocated here when None)
            return_lse:bool=False,
-           block_n:int|None=None, # K/V rows per step (default: `hqkv.kernels.tile`'s for this head size and GPU; divides the page size)
+           # K/V rows per step (default: `hqkv.kernels.tile`'s for this head size and GPU; divides the page size)
+           block_n:int|None=None,
           ) -> Tensor|tuple[Tensor, Tensor]: # o [B, Hq, D] in q's dtype (and lse float32 [B, Hq])
     "Paged decode attention over coded pages in Triton (same contract as `hqkv.attention.paged_decode`)."
     kernel_formats(codec)                    # a format the kernels do not read: ValueError naming those they do
@@ -351,7 +367,8 @@ def decode(q:Tensor, # float [B, Hq, D], original domain; Hq a multiple of kv_he
     _, PAGE, Hkv, _ = k_pages.shape
     D = kc.head_dim
     if not isinstance(q, Tensor) or not q.is_floating_point() or q.ndim != 3 or q.shape[-1] != D:
-        raise ValueError(f"q must be float [B, Hq, {D}], got {getattr(q, 'dtype', None)} {tuple(getattr(q, 'shape', ()))}")
+        raise ValueError(f"q must be float [B, Hq, {D}], got {getattr(q, 'dtype', None)} "
+                         f"{tuple(getattr(q, 'shape', ()))}")
     B, Hq, _ = q.shape
     if Hq % Hkv: raise ValueError(f"q: {Hq} query heads is not a multiple of {Hkv} kv heads (GQA)")
     G = Hq // Hkv
@@ -363,8 +380,10 @@ def decode(q:Tensor, # float [B, Hq, D], original domain; Hq a multiple of kv_he
     if not isinstance(splits, int) or splits < 1: raise ValueError(f"splits must be a positive int, got {splits!r}")
     ws = DecodeWorkspace.allocate(B, Hkv, G, D, splits, dev) if workspace is None else workspace
     if not isinstance(ws, DecodeWorkspace): raise TypeError("workspace must be a DecodeWorkspace")
-    if ws.o.device != dev or ws.o.shape[0] < B or ws.o.shape[1] != Hkv or ws.o.shape[2] < splits or ws.o.shape[3] != G or ws.o.shape[4] != D:
-        raise ValueError(f"workspace {tuple(ws.o.shape)} on {ws.o.device} is too small for [B={B}, {Hkv}, splits={splits}, {G}, {D}] on {dev}")
+    if (ws.o.device != dev or ws.o.shape[0] < B or ws.o.shape[1] != Hkv or ws.o.shape[2] < splits or ws.o.shape[3] != G
+            or ws.o.shape[4] != D):
+        raise ValueError(f"workspace {tuple(ws.o.shape)} on {ws.o.device} is too small for [B={B}, {Hkv}, "
+                         f"splits={splits}, {G}, {D}] on {dev}")
     scale = 1 / math.sqrt(D) if scale is None else float(scale)
     qr = (kc.rotate(q.float()) * scale).contiguous()              # rotate the query once, into the keys' domain
     kp, vp, kt, vt, meta = _kv_args(codec, k_pages, v_pages, qr)
@@ -381,7 +400,8 @@ def decode(q:Tensor, # float [B, Hq, D], original domain; Hq a multiple of kv_he
         BLOCK_N=block_n, **meta,
         WINDOW=has_w, DOT_BF16=not interpreting(), num_warps=t.num_warps, num_stages=t.num_stages)
     decode_merge_kernel[(B, Hq)](
-        po, pl, o_rot, lse, po.stride(0), po.stride(1), po.stride(2), po.stride(3), pl.stride(0), pl.stride(1), pl.stride(2),
-        o_rot.stride(0), o_rot.stride(1), lse.stride(0), splits, G, D, D_PAD=triton.next_power_of_2(D), SPLITS_PAD=max(2, triton.next_power_of_2(splits)))
+        po, pl, o_rot, lse, po.stride(0), po.stride(1), po.stride(2), po.stride(3),
+        pl.stride(0), pl.stride(1), pl.stride(2), o_rot.stride(0), o_rot.stride(1), lse.stride(0),
+        splits, G, D, D_PAD=triton.next_power_of_2(D), SPLITS_PAD=max(2, triton.next_power_of_2(splits)))
     o = vc.unrotate(o_rot).to(q.dtype)                 # rotate the output back once, from the values' domain
     return (o, lse) if return_lse else o

@@ -43,7 +43,8 @@ def prefill_kernel(q_ptr, kn_ptr, vn_ptr, qo_ptr, k_ptr, v_ptr, indptr_ptr, indi
         d_ok = offs_d < D
         qi = offs_m // G
         qh = h * G + offs_m % G
-        q = tl.load(q_ptr + (q0 + qi)[:, None].to(tl.int64) * stride_qt + qh[:, None] * stride_qh + offs_d[None, :], mask=r_ok[:, None] & d_ok[None, :], other=0.0)
+        q = tl.load(q_ptr + (q0 + qi)[:, None].to(tl.int64) * stride_qt + qh[:, None] * stride_qh + offs_d[None, :],
+                    mask=r_ok[:, None] & d_ok[None, :], other=0.0)
         if DOT_BF16:
             q_hi = q.to(tl.bfloat16); q_lo = (q - q_hi.to(tl.float32)).to(tl.bfloat16)
         else:
@@ -59,7 +60,7 @@ def prefill_kernel(q_ptr, kn_ptr, vn_ptr, qo_ptr, k_ptr, v_ptr, indptr_ptr, indi
             rec_start = tl.maximum(SINKS, P - RECENT)
         else:
             s_held = 0; rec_start = P
-        n_code = tl.cdiv(tl.minimum(rec_start, P), BLOCK_N)   # P < SINKS: no code page is read (the table may hold none)
+        n_code = tl.cdiv(tl.minimum(rec_start, P), BLOCK_N)  # P < SINKS: no code page is read (the table may hold none)
         m, l, acc = _code_blocks(q_hi, q_lo, m, l, acc, 0, n_code, p0, h, indices_ptr, k_ptr, v_ptr, kt_ptr, vt_ptr,
                                  stride_kp, stride_kn, stride_kh, stride_vp, stride_vn, stride_vh,
                                  PAGE, P, s_held, rec_start,
@@ -68,9 +69,11 @@ def prefill_kernel(q_ptr, kn_ptr, vn_ptr, qo_ptr, k_ptr, v_ptr, indptr_ptr, indi
         if WINDOW:
             slot = tl.load(wslot_ptr + b).to(tl.int64)
             n_win = tl.cdiv(SINKS, BLOCK_N) + tl.cdiv(RECENT, BLOCK_N)
-            m, l, acc = _window_blocks(q_hi, q_lo, m, l, acc, n_code, n_code + n_win, n_code, slot, h, ks_ptr, vs_ptr, kr_ptr, vr_ptr,
+            m, l, acc = _window_blocks(q_hi, q_lo, m, l, acc, n_code, n_code + n_win, n_code, slot, h,
+                                       ks_ptr, vs_ptr, kr_ptr, vr_ptr,
                                        stride_ss, stride_sn, stride_sh, stride_rs, stride_rn, stride_rh,
-                                       SINKS, RECENT, s_held, rec_start, P - rec_start, offs_n, offs_d, D, DOT_BF16, BLOCK_N)
+                                       SINKS, RECENT, s_held, rec_start, P - rec_start, offs_n, offs_d, D, DOT_BF16,
+                                       BLOCK_N)
         # 3. the chunk's own exact K/V, causal
         last_q = (tl.minimum(C * G, (mt + 1) * BLOCK_M) - 1) // G
         for j in range(0, last_q + 1, BLOCK_N):
@@ -82,7 +85,8 @@ def prefill_kernel(q_ptr, kn_ptr, vn_ptr, qo_ptr, k_ptr, v_ptr, indptr_ptr, indi
             v = tl.load(vn_ptr + ptrs, mask=k_ok[:, None] & d_ok[None, :], other=0.0)   # after the scores
             m, l, acc = _fold(s, v, m, l, acc, DOT_BF16)
         o = acc / l[:, None]          # every row sees at least its own key
-        tl.store(o_ptr + (q0 + qi)[:, None].to(tl.int64) * stride_ot + qh[:, None] * stride_oh + offs_d[None, :], o, mask=r_ok[:, None] & d_ok[None, :])
+        tl.store(o_ptr + (q0 + qi)[:, None].to(tl.int64) * stride_ot + qh[:, None] * stride_oh + offs_d[None, :], o,
+                 mask=r_ok[:, None] & d_ok[None, :])
         tl.store(lse_ptr + (q0 + qi).to(tl.int64) * stride_lt + qh, m + tl.log(l), mask=r_ok)
 
 # %% ../../nbs/33_kernels.prefill.ipynb #b2a72ed6
@@ -95,8 +99,10 @@ def prefill(q:Tensor, # float [T, Hq, D]: the chunks' queries (original domain)
             codec:Codec|tuple[Codec, Codec], # a format of `KERNEL_FORMATS`, or a (key codec, value codec) pair
             scale:float|None=None,
             window:ExactWindow|None=None, window_slots:Tensor|None=None,
-            max_chunk:int|None=None, # >= the longest chunk (default: read from qo_indptr, a device sync); rows beyond it are not computed
-            block_m:int|None=None, block_n:int|None=None, # tile sizes: packed query rows, K/V rows per step (default: `hqkv.kernels.tile`'s)
+            # >= the longest chunk (default: read from qo_indptr, a device sync); rows beyond it are not computed
+            max_chunk:int|None=None,
+            # tile sizes: packed query rows, K/V rows per step (default: `hqkv.kernels.tile`'s)
+            block_m:int|None=None, block_n:int|None=None,
             return_lse:bool=False,
            ) -> Tensor|tuple[Tensor, Tensor]: # o [T, Hq, D] in q's dtype (and lse float32 [T, Hq])
     "Chunked-prefill attention over coded prefix pages + the chunk's exact K/V, causal, in Triton."
@@ -106,10 +112,12 @@ def prefill(q:Tensor, # float [T, Hq, D]: the chunks' queries (original domain)
     D = kc.head_dim
     for n, t in (("q", q), ("k_new", k_new), ("v_new", v_new)):
         if not isinstance(t, Tensor) or not t.is_floating_point() or t.ndim != 3 or t.shape[-1] != D:
-            raise ValueError(f"{n} must be float [T, heads, {D}], got {getattr(t, 'dtype', None)} {tuple(getattr(t, 'shape', ()))}")
+            raise ValueError(f"{n} must be float [T, heads, {D}], got {getattr(t, 'dtype', None)} "
+                             f"{tuple(getattr(t, 'shape', ()))}")
     T, Hq, _ = q.shape
     if Hq % Hkv: raise ValueError(f"q: {Hq} query heads is not a multiple of {Hkv} kv heads (GQA)")
-    if k_new.shape != (T, Hkv, D) or v_new.shape != (T, Hkv, D): raise ValueError(f"k_new/v_new must be [{T}, {Hkv}, {D}], got {tuple(k_new.shape)} and {tuple(v_new.shape)}")
+    if k_new.shape != (T, Hkv, D) or v_new.shape != (T, Hkv, D):
+        raise ValueError(f"k_new/v_new must be [{T}, {Hkv}, {D}], got {tuple(k_new.shape)} and {tuple(v_new.shape)}")
     G = Hq // Hkv
     _check_i32("qo_indptr", qo_indptr); B = qo_indptr.shape[0] - 1
     if B < 1: raise ValueError("qo_indptr needs at least 2 entries")
@@ -118,7 +126,8 @@ def prefill(q:Tensor, # float [T, Hq, D]: the chunks' queries (original domain)
     if T == 0: return (q.new_empty(0, Hq, D), torch.empty(0, Hq, device=dev)) if return_lse else q.new_empty(0, Hq, D)
     if max_chunk is None: max_chunk = int((qo_indptr[1:] - qo_indptr[:-1]).max())
     t = tile("prefill", D, dev)
-    block_m, block_n = t.block_m if block_m is None else block_m, _block_n(t.block_n if block_n is None else block_n, PAGE)
+    block_m = t.block_m if block_m is None else block_m
+    block_n = _block_n(t.block_n if block_n is None else block_n, PAGE)
     scale = 1 / math.sqrt(D) if scale is None else float(scale)
     qr = (kc.rotate(q.float()) * scale).contiguous()                # scores in the keys' domain ...
     kr, vr = kc.rotate(k_new.float()).contiguous(), vc.rotate(v_new.float()).contiguous()   # ... outputs in the values'

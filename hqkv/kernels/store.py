@@ -21,7 +21,7 @@ __all__ = ['store_kernel', 'store']
 # %% ../../nbs/31_kernels.store.ipynb #5005c60d
 @triton.jit
 def _bf16_bits(x):
-    "fp32 -> bf16 bit pattern (int16), round to nearest even: the same bits as torch's .to(torch.bfloat16) for finite x."
+    "fp32 -> bf16 bit pattern (int16), round to nearest even: torch's .to(torch.bfloat16) bits for finite x."
     u = x.to(tl.uint32, bitcast=True)
     r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
     return r.to(tl.uint16).to(tl.int16, bitcast=True)
@@ -64,7 +64,8 @@ def _e8p_nearest(x, # fp32 [NG, 8]: groups (already normalised)
 @triton.jit(do_not_specialize=["T"])
 def store_kernel(x_ptr, pages_ptr, slot_ptr, abs_ptr, par_ptr, T,
                  stride_xt, stride_xh, stride_kp, stride_kn, stride_kh, D,
-                 D_PAD: tl.constexpr, PAGE: tl.constexpr, BLOCK_T: tl.constexpr, FORMAT: tl.constexpr, PB: tl.constexpr):
+                 D_PAD: tl.constexpr, PAGE: tl.constexpr, BLOCK_T: tl.constexpr, FORMAT: tl.constexpr,
+                 PB: tl.constexpr):
     "Code BLOCK_T rows of one KV head and write them to their page rows (hq-e8-2b: the codeword bytes)."
     pid, h = tl.program_id(0), tl.program_id(1)
     offs_t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -73,12 +74,14 @@ def store_kernel(x_ptr, pages_ptr, slot_ptr, abs_ptr, par_ptr, T,
     t_ok = offs_t < T
     slot = tl.load(slot_ptr + offs_t, mask=t_ok, other=0)
     page, row = slot // PAGE, slot % PAGE
-    x = tl.load(x_ptr + offs_t[:, None].to(tl.int64) * stride_xt + h * stride_xh + offs_d[None, :], mask=t_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + offs_t[:, None].to(tl.int64) * stride_xt + h * stride_xh + offs_d[None, :],
+                mask=t_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
     dst = pages_ptr + page[:, None] * stride_kp + row[:, None] * stride_kn + h * stride_kh
     if FORMAT == 0:   # bf16 bits (pages viewed as int16); explicit rounding: the interpreter's cast truncates
         tl.store(dst + offs_d[None, :], _bf16_bits(x), mask=t_ok[:, None] & d_ok[None, :])
     else:             # hq-e8-2b: D/8 codewords, low byte at 2g, high byte at 2g + 1
-        codes = tl.reshape(_e8p_nearest(tl.reshape(x, [BLOCK_T * (D_PAD // 8), 8]), abs_ptr, par_ptr, BLOCK_T * (D_PAD // 8), PB), [BLOCK_T, D_PAD // 8])
+        codes = tl.reshape(_e8p_nearest(tl.reshape(x, [BLOCK_T * (D_PAD // 8), 8]), abs_ptr, par_ptr,
+                                        BLOCK_T * (D_PAD // 8), PB), [BLOCK_T, D_PAD // 8])
         offs_g = tl.arange(0, D_PAD // 8)
         ok = t_ok[:, None] & (offs_g < D // 8)[None, :]
         tl.store(dst + 2 * offs_g[None, :], (codes & 255).to(tl.uint8), mask=ok)
@@ -97,12 +100,16 @@ def store(k:Tensor, v:Tensor, # float [T, kv_heads, D]: new rows, original domai
     N, PAGE, Hkv, _ = k_pages.shape
     D = kc.head_dim
     for n, t in (("k", k), ("v", v)):
-        if not isinstance(t, Tensor) or not t.is_floating_point() or t.ndim != 3 or tuple(t.shape[1:]) != (Hkv, D) or t.stride(-1) != 1:
-            raise ValueError(f"{n} must be float [T, {Hkv}, {D}] with contiguous rows, got {getattr(t, 'dtype', None)} {tuple(getattr(t, 'shape', ()))}")
+        if (not isinstance(t, Tensor) or not t.is_floating_point() or t.ndim != 3 or tuple(t.shape[1:]) != (Hkv, D)
+                or t.stride(-1) != 1):
+            raise ValueError(f"{n} must be float [T, {Hkv}, {D}] with contiguous rows, got {getattr(t, 'dtype', None)} "
+                             f"{tuple(getattr(t, 'shape', ()))}")
     T = k.shape[0]
     if v.shape[0] != T: raise ValueError(f"k has {T} rows, v {v.shape[0]}")
-    if not isinstance(slot_mapping, Tensor) or slot_mapping.dtype != torch.int64 or tuple(slot_mapping.shape) != (T,) or (T and slot_mapping.stride(0) != 1):
-        raise ValueError(f"slot_mapping must be a contiguous int64 tensor of {T} entries, got {getattr(slot_mapping, 'dtype', None)} {tuple(getattr(slot_mapping, 'shape', ()))}")
+    if (not isinstance(slot_mapping, Tensor) or slot_mapping.dtype != torch.int64 or tuple(slot_mapping.shape) != (T,)
+            or (T and slot_mapping.stride(0) != 1)):
+        raise ValueError(f"slot_mapping must be a contiguous int64 tensor of {T} entries, got "
+                         f"{getattr(slot_mapping, 'dtype', None)} {tuple(getattr(slot_mapping, 'shape', ()))}")
     check_device(k, v, k_pages, v_pages, slot_mapping)
     if T == 0: return
     if check:
@@ -127,27 +134,31 @@ def _store_rows(x, pages, slot_mapping, codec, block_t):
         t = tile("store", D, x.device)                  # BLOCK_T rows per program, PB patterns scored per step
         z, unit = _e8_prepare(codec, x)                             # rotate + normalise: the codec's arithmetic
         store_kernel[(triton.cdiv(T, t.block_n), Hkv)](
-            z, pages, slot_mapping, abs_t, par_t, T, z.stride(0), z.stride(1), pages.stride(0), pages.stride(1), pages.stride(2), D,
-            D_PAD=triton.next_power_of_2(D), PAGE=PAGE, BLOCK_T=t.block_n, FORMAT=1, PB=t.block_m, num_warps=t.num_warps, num_stages=t.num_stages)
+            z, pages, slot_mapping, abs_t, par_t, T, z.stride(0), z.stride(1),
+            pages.stride(0), pages.stride(1), pages.stride(2), D, D_PAD=triton.next_power_of_2(D), PAGE=PAGE,
+            BLOCK_T=t.block_n, FORMAT=1, PB=t.block_m, num_warps=t.num_warps, num_stages=t.num_stages)
         b = pages[pid, row][..., : D // 4].to(torch.int64)          # the codewords just written, [T, Hkv, D/4]
         c = e8p_decode(b[..., 0::2] | (b[..., 1::2] << 8)).reshape(T * Hkv, D)
         pages[pid, row, :, D // 4:] = _e8_scales(codec, z, c, unit).reshape(T, Hkv, -1)
     else: pages[pid, row] = codec.encode(x)             # tbq, q8_0, q4_0: the codec's torch code, on the pages' device
 
 def _e8_prepare(codec, x):
-    "Rotated rows normalised per quarter, z [T, kv_heads, D], and the quarters' units [T*kv_heads, Q]: `HQE8._encode`'s first steps, op for op."
+    "Rotated rows normalised per quarter, z [T, kv_heads, D], and the quarters' units [T*kv_heads, Q]."
+    # `HQE8._encode`'s first steps, op for op
     T, H, D = x.shape
     tiny = torch.finfo(torch.float32).tiny
     y = codec.rotate(x.reshape(-1, D).to(torch.float32))
-    if not bool(torch.isfinite(y).all()): raise ValueError(f"{codec.name}.encode: the rotated vector overflows float32 (|x| too large)")
-    m = codec._reduce(y.abs(), torch.amax)                                   # quarters of unequal length when D % 32 != 0
+    if not bool(torch.isfinite(y).all()):
+        raise ValueError(f"{codec.name}.encode: the rotated vector overflows float32 (|x| too large)")
+    m = codec._reduce(y.abs(), torch.amax)  # quarters of unequal length when D % 32 != 0
     yn = codec._per_quarter(y, m.clamp_min(tiny), torch.div)
     rms_n = codec._reduce(yn * yn, torch.mean).sqrt()
     z = codec._per_quarter(yn, codec.gain / rms_n.clamp_min(tiny), torch.mul)
     return z.reshape(T, H, D), m * rms_n / codec.gain
 
 def _e8_scales(codec, z, c, unit):
-    "The quarter scales as bytes [n, 2Q] (bf16 each), following `HQE8._encode`'s last step (<z, c> from ||z - c||^2 per group)."
+    "The quarter scales as bytes [n, 2Q] (bf16 each), following `HQE8._encode`'s last step."
+    # <z, c> from ||z - c||^2 per group
     D = codec.head_dim
     n = c.shape[0]
     zg, cg = z.reshape(n, D // 8, 8), c.reshape(n, D // 8, 8)
