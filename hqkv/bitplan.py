@@ -21,12 +21,15 @@ def format_bits(fmt:str, head_dim:int) -> float:
     return get_codec(fmt, head_dim=head_dim, **asked_codec_opts(fmt)).row_bytes * 8 / head_dim
 
 def parse_budget(budget, # bits per value (2.5, '2.5') or bytes per token of the coded rows ('432B')
-                 values_per_token:int, # values one token adds over the coded rows: 2 x attention layers x KV heads x head_dim
+                 # values one token adds over the coded rows: 2 x attention layers x KV heads x head_dim
+                 values_per_token:int,
                 ) -> float: # bits per value
     "A budget as mean bits per value over the coded rows."
     s = str(budget).strip()
     try: b = float(s[:-1]) * 8 / values_per_token if s.upper().endswith("B") else float(s)
-    except ValueError: raise ValueError(f"a budget is bits per value (e.g. 2.5) or bytes per token (e.g. 432B), got {budget!r}") from None
+    except ValueError:
+        raise ValueError("a budget is bits per value (e.g. 2.5) or bytes per token (e.g. 432B), "
+                         f"got {budget!r}") from None
     if not math.isfinite(b) or b <= 0: raise ValueError(f"the budget must be positive, got {budget!r}")
     return b
 
@@ -44,7 +47,7 @@ class BitPlan:
     base_kld: float           # calibration KLD with every row in the base format
     predicted_kld: float      # base_kld + the chosen rows' measured changes
     calibration: dict = field(default_factory=dict)   # text, windows, context, regime, candidates, seconds
-    sensitivity: dict = field(default_factory=dict)   # row ('k5') -> {format: calibration KLD with that row alone in it}
+    sensitivity: dict = field(default_factory=dict)  # row ('k5') -> {format: calibration KLD with that row alone in it}
     def __post_init__(self):
         if self.base not in list_codecs(): raise ValueError(f"BitPlan: unknown base format {self.base!r}")
         for n in ("key_formats", "value_formats"):
@@ -61,8 +64,11 @@ class BitPlan:
     @classmethod
     def from_dict(cls, d:dict) -> BitPlan:
         "Read `as_dict`'s output (a profile file's plan); a damaged one raises ValueError naming what broke."
-        try: return cls(**{**d, "key_formats": tuple(map(tuple, d["key_formats"])), "value_formats": tuple(map(tuple, d["value_formats"]))})
-        except (KeyError, TypeError, ValueError) as e: raise ValueError(f"a damaged bit plan ({type(e).__name__}: {e})") from None
+        try:
+            return cls(**{**d, "key_formats": tuple(map(tuple, d["key_formats"])),
+                          "value_formats": tuple(map(tuple, d["value_formats"]))})
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"a damaged bit plan ({type(e).__name__}: {e})") from None
 
 # %% ../nbs/14a_bitplan.ipynb #ce044d2e
 def choose_plan(sensitivity:dict, # row ('k5', 'v5') -> {format: calibration KLD with that row alone in it}
@@ -79,7 +85,9 @@ def choose_plan(sensitivity:dict, # row ('k5', 'v5') -> {format: calibration KLD
     cap = budget_bits * len(rows) + 1e-9
     cheapest = {r: min(opts[r], key=lambda f: (bits[f], opts[r][f])) for r in rows}
     if sum(bits[f] for f in cheapest.values()) > cap:
-        raise ValueError(f"a budget of {budget_bits:.3f} bits per value is below the cheapest plan ({sum(bits[f] for f in cheapest.values()) / len(rows):.3f}: every row in its cheapest candidate)")
+        raise ValueError(f"a budget of {budget_bits:.3f} bits per value is below the cheapest plan "
+                         f"({sum(bits[f] for f in cheapest.values()) / len(rows):.3f}: every row in its "
+                         "cheapest candidate)")
     pred = lambda pl: base_kld + sum(opts[r][f] for r, f in pl.items())
     if math.prod(len(o) for o in opts.values()) <= exhaustive_max:
         best = None
@@ -92,13 +100,15 @@ def choose_plan(sensitivity:dict, # row ('k5', 'v5') -> {format: calibration KLD
         plan, used = dict(cheapest), sum(bits[f] for f in cheapest.values())
         while True:
             moves = [((opts[r][plan[r]] - opts[r][f]) / (bits[f] - bits[plan[r]]), r, f) for r in rows for f in opts[r]
-                     if bits[f] > bits[plan[r]] and opts[r][f] < opts[r][plan[r]] and used - bits[plan[r]] + bits[f] <= cap]
+                     if bits[f] > bits[plan[r]] and opts[r][f] < opts[r][plan[r]]
+                     and used - bits[plan[r]] + bits[f] <= cap]
             if not moves: break
             _, r, f = max(moves)
             used += bits[f] - bits[plan[r]]; plan[r] = f
     return plan, sum(bits[f] for f in plan.values()) / len(rows), pred(plan)
 
-def bit_plan(sensitivity:dict, base_kld:float, base:str, head_dim:int, budget_bits:float, calibration:dict|None=None) -> BitPlan:
+def bit_plan(sensitivity:dict, base_kld:float, base:str, head_dim:int, budget_bits:float,
+             calibration:dict|None=None) -> BitPlan:
     "`choose_plan`'s formats as a `BitPlan` (its rows split into key and value formats that leave `base`)."
     plan, bits, pred = choose_plan(sensitivity, base_kld, base, head_dim, budget_bits)
     pick = lambda kv: tuple((int(r[1:]), f) for r, f in plan.items() if r[0] == kv and f != base)

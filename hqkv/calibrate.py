@@ -27,41 +27,52 @@ def profile_stats(k:Tensor, # float [L, T, kv_heads, D]: keys of each attention 
                   skip:int=1, # leading positions left out (<bos>: an attention sink)
                   clip:float=0.999, # each channel's |k - mu| is clipped at this quantile before its RMS
                   floor:float=0.05, # sigma is clamped to [floor, 1/floor] x its median over the head's channels
-                  q_ms:Tensor|None=None, # float [L, Hq, D]: mean of q**2 over the positions after `skip`, instead of `q` (mode "qk")
+                  # float [L, Hq, D]: mean of q**2 over the positions after `skip`, instead of `q` (mode "qk")
+                  q_ms:Tensor|None=None,
                  ) -> tuple[Tensor, Tensor]: # mu, sigma: float32 [L, kv_heads, D]
     "Robust per-channel key mean and scale."
     if mode not in MODES: raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if not isinstance(k, Tensor) or not k.is_floating_point() or k.ndim != 4: raise TypeError(f"k must be a float tensor [L, T, kv_heads, D], got {getattr(k, 'dtype', type(k).__name__)} {tuple(getattr(k, 'shape', ()))}")
-    if isinstance(skip, bool) or not isinstance(skip, int) or skip < 0: raise ValueError(f"skip must be an int >= 0, got {skip!r}")
+    if not isinstance(k, Tensor) or not k.is_floating_point() or k.ndim != 4:
+        raise TypeError(f"k must be a float tensor [L, T, kv_heads, D], got {getattr(k, 'dtype', type(k).__name__)} "
+                        f"{tuple(getattr(k, 'shape', ()))}")
+    if isinstance(skip, bool) or not isinstance(skip, int) or skip < 0:
+        raise ValueError(f"skip must be an int >= 0, got {skip!r}")
     if not 0.5 <= clip <= 1: raise ValueError(f"clip must be a quantile in [0.5, 1], got {clip!r}")
     if not 0 < floor <= 1: raise ValueError(f"floor must be in (0, 1], got {floor!r}")
     L, T, H, D = k.shape
     if T - skip < 2: raise ValueError(f"profile_stats needs at least 2 positions after skipping {skip}, got {T}")
     if mode == "qk" and q_ms is not None:
-        if not isinstance(q_ms, Tensor) or q_ms.ndim != 3 or q_ms.shape[0] != L or q_ms.shape[2] != D or q_ms.shape[1] % H:
-            raise ValueError(f"q_ms must be [{L}, a multiple of {H}, {D}], got {tuple(getattr(q_ms, 'shape', ())) or q_ms!r}")
+        if (not isinstance(q_ms, Tensor) or q_ms.ndim != 3 or q_ms.shape[0] != L or q_ms.shape[2] != D
+                or q_ms.shape[1] % H):
+            raise ValueError(f"q_ms must be [{L}, a multiple of {H}, {D}], got "
+                             f"{tuple(getattr(q_ms, 'shape', ())) or q_ms!r}")
     elif mode == "qk":
         if not isinstance(q, Tensor) or q.ndim != 4 or q.shape[:2] != (L, T) or q.shape[3] != D or q.shape[2] % H:
-            raise ValueError(f"mode 'qk' needs queries q [{L}, {T}, a multiple of {H}, {D}], got {tuple(getattr(q, 'shape', ())) or q!r}")
+            raise ValueError(f"mode 'qk' needs queries q [{L}, {T}, a multiple of {H}, {D}], got "
+                             f"{tuple(getattr(q, 'shape', ())) or q!r}")
     x = k[:, skip:].to(torch.float32)
     if not bool(torch.isfinite(x).all()): raise ValueError("profile_stats: keys contain NaN or Inf")
     n = x.shape[1]
     kth = max(1, math.floor(clip * n))
-    def clip_level(dev): return dev.kthvalue(kth, dim=1).values          # per channel (kthvalue has no size limit, unlike quantile)
+    # per channel (kthvalue has no size limit, unlike quantile)
+    def clip_level(dev): return dev.kthvalue(kth, dim=1).values
     med = x.median(1).values
     lim0 = clip_level((x - med[:, None]).abs())
-    mu = torch.maximum(torch.minimum(x, (med + lim0)[:, None]), (med - lim0)[:, None]).mean(1)   # winsorized mean [L, H, D]
+    # winsorized mean [L, H, D]
+    mu = torch.maximum(torch.minimum(x, (med + lim0)[:, None]), (med - lim0)[:, None]).mean(1)
     dev = (x - mu[:, None]).abs()
     spread = dev.minimum(clip_level(dev)[:, None]).pow(2).mean(1).sqrt()  # winsorized RMS about mu
     if mode == "std": s = spread
     else:
         if q_ms is None: q_ms = q[:, skip:].to(torch.float32).pow(2).mean(1)   # [L, Hq, D]
         if not bool(torch.isfinite(q_ms).all()): raise ValueError("profile_stats: queries contain NaN or Inf")
-        qrms = q_ms.to(torch.float32).reshape(L, H, -1, D).mean(2).sqrt()   # [L, H, D]: over positions and the group's query heads
+        # [L, H, D]: over positions and the group's query heads
+        qrms = q_ms.to(torch.float32).reshape(L, H, -1, D).mean(2).sqrt()
         tiny = qrms.amax(-1, keepdim=True).clamp_min(1e-30) * 1e-6
         s = (spread / qrms.clamp_min(tiny)).sqrt()
     m = s.median(-1, keepdim=True).values
-    sigma = torch.where(m > 0, s.clamp(min=floor * m, max=m / floor), torch.ones_like(s))   # an all-constant head: sigma 1
+    # an all-constant head: sigma 1
+    sigma = torch.where(m > 0, s.clamp(min=floor * m, max=m / floor), torch.ones_like(s))
     return mu, sigma
 
 def calibrate(model, # a loaded `Gemma3`
@@ -71,10 +82,12 @@ def calibrate(model, # a loaded `Gemma3`
               mode:str="qk", skip:int=1, clip:float=0.999, floor:float=0.05, # as `profile_stats`
               chunk:int=1024, # prefill chunk of the capture run
              ) -> KeyProfile:
-    "Measure a key profile: run the model over `token_ids`, capture its global layers' keys and queries, `profile_stats`."
+    "Measure a key profile: run the model over `token_ids`, capture its global layers' keys and queries."
+    # then `profile_stats` on them
     from hqkv.fixtures import capture_kv
     identity = model_identity(model) if identity is None else identity
-    if not isinstance(identity, ModelIdentity): raise TypeError(f"identity must be a ModelIdentity, got {type(identity).__name__}")
+    if not isinstance(identity, ModelIdentity):
+        raise TypeError(f"identity must be a ModelIdentity, got {type(identity).__name__}")
     ids = torch.as_tensor(token_ids).reshape(-1)
     if ids.numel() < skip + 2: raise ValueError(f"calibrate needs at least {skip + 2} tokens, got {ids.numel()}")
     s = capture_kv(model, ids, layers=model.cfg.global_layers, chunk=chunk)
@@ -90,7 +103,8 @@ class _KeyRecorder:
         self.slot, self.skip, self.pos = {l: i for i, l in enumerate(layers)}, skip, 0
         self.k = torch.empty(len(layers), n, kv_heads, head_dim)
         self.q_sq = torch.zeros(len(layers), q_heads, head_dim, dtype=torch.float64)
-    def record(self, layer:int, q:Tensor, k:Tensor): # [1, Hq, T, D], [1, Hkv, S, D] (the cache's keys: the chunk's are the last T)
+    # [1, Hq, T, D], [1, Hkv, S, D] (the cache's keys: the chunk's are the last T)
+    def record(self, layer:int, q:Tensor, k:Tensor):
         i = self.slot.get(layer)
         if i is None: return
         T = q.shape[2]
@@ -119,15 +133,19 @@ def calibrate_hf(model, # a transformers causal LM (`LoadedLM.model`, or one you
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
     from hqkv.models.identity import hf_identity, text_config
     from hqkv.models.load import geometry_of
-    identity = ModelIdentity(**dataclasses.asdict(hf_identity(model))) if identity is None else identity   # (this module's class)
-    if not isinstance(identity, ModelIdentity): raise TypeError(f"identity must be a ModelIdentity, got {type(identity).__name__}")
+    # (this module's class)
+    identity = ModelIdentity(**dataclasses.asdict(hf_identity(model))) if identity is None else identity
+    if not isinstance(identity, ModelIdentity):
+        raise TypeError(f"identity must be a ModelIdentity, got {type(identity).__name__}")
     ids = torch.as_tensor(token_ids).reshape(-1)
     if ids.numel() < skip + 2: raise ValueError(f"calibrate needs at least {skip + 2} tokens, got {ids.numel()}")
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1: raise ValueError(f"chunk must be a positive int, got {chunk!r}")
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"chunk must be a positive int, got {chunk!r}")
     g, c = geometry_of(model.config, identity.name), text_config(model.config)   # no full-attention layer: ValueError
     N = ids.numel()
     rec = _KeyRecorder(g.attn_ids, N, g.kv_heads, c.num_attention_heads, g.head_dim, skip)
-    AttentionInterface.register(CAPTURE_ATTN, _capture_attention); AttentionMaskInterface.register(CAPTURE_ATTN, sdpa_mask)
+    AttentionInterface.register(CAPTURE_ATTN, _capture_attention)
+    AttentionMaskInterface.register(CAPTURE_ATTN, sdpa_mask)
     before, t0 = model.config._attn_implementation, time.perf_counter()
     show = (N > 4 * chunk) if progress is None else progress
     model.set_attn_implementation(CAPTURE_ATTN); _RECORDER[0] = rec
@@ -137,7 +155,9 @@ def calibrate_hf(model, # a transformers causal LM (`LoadedLM.model`, or one you
             for a in range(0, N, chunk):
                 model(input_ids=ids[None, a:a + chunk].to(dev), past_key_values=cache, use_cache=True, logits_to_keep=1)
                 rec.pos = min(N, a + chunk)
-                if show: print(f"calibrate {identity.name}: {rec.pos:,}/{N:,} tokens, {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+                if show:
+                    print(f"calibrate {identity.name}: {rec.pos:,}/{N:,} tokens, {time.perf_counter() - t0:.0f} s",
+                          file=sys.stderr, flush=True)
     finally:
         _RECORDER[0] = None; model.set_attn_implementation(before)
     q_ms = (rec.q_sq / (N - skip)).to(torch.float32)
@@ -159,8 +179,8 @@ def row_sensitivity(model, # a `Gemma3` or an `hqkv.quality.HFModel`
     "Calibration KLD with every row in `base`, and with each (layer, K/V) row alone in each candidate format."
     from hqkv.quality import KVVariant, kld_eval, _head_dim
     w = bool(sinks or recent)
-    mk = lambda kf=(), vf=(): KVVariant(base, window=w, key_profile=profile is not None, sinks=sinks if w else 32, recent=recent if w else 512,
-                                        key_formats=kf, value_formats=vf)
+    mk = lambda kf=(), vf=(): KVVariant(base, window=w, key_profile=profile is not None, sinks=sinks if w else 32,
+                                        recent=recent if w else 512, key_formats=kf, value_formats=vf)
     cands = [f for f in dict.fromkeys(candidates) if f != base]
     for f in cands: format_bits(f, _head_dim(model))   # a format without this head_dim: ValueError before any forward
     rows = [(l, kv) for l in model.cfg.global_layers for kv in "kv"]
@@ -371,8 +391,10 @@ def calibrate_plan(model, windows:list, budget, # bits per value, or bytes per t
 def calibrate_report(prof:KeyProfile, path:Path) -> dict:
     "What `hqkv calibrate` prints, as JSON-ready data."
     s = prof.sigma
-    return dict(out=str(path), bytes=path.stat().st_size, model=dataclasses.asdict(prof.model), layers=list(prof.layers),
-                kv_heads=prof.kv_heads, head_dim=prof.head_dim, source=prof.source, n_tokens=prof.n_tokens, mode=prof.mode,
+    return dict(out=str(path), bytes=path.stat().st_size, model=dataclasses.asdict(prof.model),
+                layers=list(prof.layers), kv_heads=prof.kv_heads, head_dim=prof.head_dim, source=prof.source,
+                n_tokens=prof.n_tokens, mode=prof.mode,
                 mu_abs_max=[round(float(x), 4) for x in prof.mu.abs().amax((1, 2))],
-                sigma_min=[round(float(x), 5) for x in s.amin((1, 2))], sigma_median=[round(float(x), 5) for x in s.flatten(1).median(1).values],
+                sigma_min=[round(float(x), 5) for x in s.amin((1, 2))],
+                sigma_median=[round(float(x), 5) for x in s.flatten(1).median(1).values],
                 sigma_max=[round(float(x), 4) for x in s.amax((1, 2))], plans=prof.plans)

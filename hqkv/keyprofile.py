@@ -28,11 +28,13 @@ PROFILE_VERSION = 1                   # bumped when the meaning of mu/sigma chan
 MODES = ("qk", "std")                 # how sigma is chosen (see `profile_stats`)
 
 def _check_slot(slot, n):
-    if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < n: raise ValueError(f"layer_slot must be an int in [0, {n}), got {slot!r}")
+    if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < n:
+        raise ValueError(f"layer_slot must be an int in [0, {n}), got {slot!r}")
 
 @dataclass(slots=True)
 class KeyProfile:
-    "Per (attention layer, KV head, channel) key mean `mu` and scale `sigma`: keys are coded as (k - mu) / sigma, queries multiplied by sigma."
+    "Per (attention layer, KV head, channel) key mean `mu` and scale `sigma`."
+    # keys are coded as (k - mu) / sigma, queries multiplied by sigma
     mu: Tensor                  # float32 [n_attn_layers, kv_heads, head_dim]
     sigma: Tensor               # float32 [n_attn_layers, kv_heads, head_dim], finite and > 0
     model: ModelIdentity        # the model it was measured on
@@ -42,23 +44,34 @@ class KeyProfile:
     mode: str = "qk"            # how sigma was chosen (`MODES`)
     rotation_seed: int = 0      # RHT seed of the rotated formats it was measured with (recorded, not checked)
     version: int = PROFILE_VERSION
-    plans: dict = dataclasses.field(default_factory=dict)   # base format -> a `hqkv.bitplan.BitPlan` as a dict (`hqkv calibrate --budget`)
+    # base format -> a `hqkv.bitplan.BitPlan` as a dict (`hqkv calibrate --budget`)
+    plans: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         for n in ("mu", "sigma"):
             t = getattr(self, n)
-            if not isinstance(t, Tensor) or not t.is_floating_point() or t.ndim != 3: raise TypeError(f"KeyProfile.{n} must be a float tensor [n_attn_layers, kv_heads, head_dim], got {getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
+            if not isinstance(t, Tensor) or not t.is_floating_point() or t.ndim != 3:
+                raise TypeError(f"KeyProfile.{n} must be a float tensor [n_attn_layers, kv_heads, head_dim], got "
+                                f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
             setattr(self, n, t.detach().to(torch.float32).contiguous())
-        if self.mu.shape != self.sigma.shape: raise ValueError(f"KeyProfile: mu {tuple(self.mu.shape)} and sigma {tuple(self.sigma.shape)} differ")
-        if not bool(torch.isfinite(self.mu).all()) or not bool(torch.isfinite(self.sigma).all()): raise ValueError("KeyProfile: mu and sigma must be finite")
+        if self.mu.shape != self.sigma.shape:
+            raise ValueError(f"KeyProfile: mu {tuple(self.mu.shape)} and sigma {tuple(self.sigma.shape)} differ")
+        if not bool(torch.isfinite(self.mu).all()) or not bool(torch.isfinite(self.sigma).all()):
+            raise ValueError("KeyProfile: mu and sigma must be finite")
         if not bool((self.sigma > 0).all()): raise ValueError("KeyProfile: sigma must be > 0 everywhere")
-        if not isinstance(self.model, ModelIdentity): raise TypeError(f"KeyProfile.model must be a ModelIdentity, got {type(self.model).__name__}")
+        if not isinstance(self.model, ModelIdentity):
+            raise TypeError(f"KeyProfile.model must be a ModelIdentity, got {type(self.model).__name__}")
         self.layers = tuple(self.layers)
-        if len(self.layers) != self.mu.shape[0] or not all(isinstance(l, int) and l >= 0 for l in self.layers): raise ValueError(f"KeyProfile.layers must be {self.mu.shape[0]} model layer indices, got {self.layers}")
+        if len(self.layers) != self.mu.shape[0] or not all(isinstance(l, int) and l >= 0 for l in self.layers):
+            raise ValueError(f"KeyProfile.layers must be {self.mu.shape[0]} model layer indices, got {self.layers}")
         if self.mode not in MODES: raise ValueError(f"KeyProfile.mode must be one of {MODES}, got {self.mode!r}")
-        if isinstance(self.n_tokens, bool) or not isinstance(self.n_tokens, int) or self.n_tokens < 0: raise ValueError(f"KeyProfile.n_tokens must be an int >= 0, got {self.n_tokens!r}")
-        if self.version != PROFILE_VERSION: raise ValueError(f"KeyProfile version {self.version!r} is not supported (this hqkv reads version {PROFILE_VERSION})")
-        if not isinstance(self.plans, dict) or not all(isinstance(k, str) and isinstance(v, dict) for k, v in self.plans.items()):
+        if isinstance(self.n_tokens, bool) or not isinstance(self.n_tokens, int) or self.n_tokens < 0:
+            raise ValueError(f"KeyProfile.n_tokens must be an int >= 0, got {self.n_tokens!r}")
+        if self.version != PROFILE_VERSION:
+            raise ValueError(f"KeyProfile version {self.version!r} is not supported (this hqkv reads version "
+                             f"{PROFILE_VERSION})")
+        if (not isinstance(self.plans, dict)
+                or not all(isinstance(k, str) and isinstance(v, dict) for k, v in self.plans.items())):
             raise TypeError(f"KeyProfile.plans must map a base format to a plan dict, got {self.plans!r}")
 
     @property
@@ -85,7 +98,9 @@ def to(self:KeyProfile, device) -> KeyProfile:
 @patch
 def _vec(self:KeyProfile, t:Tensor, slot:int, x:Tensor, heads:int, what:str) -> Tensor:
     _check_slot(slot, self.n_layers)
-    if not isinstance(x, Tensor) or not x.is_floating_point(): raise TypeError(f"KeyProfile.{what}: expected a floating-point tensor, got {getattr(x, 'dtype', type(x).__name__)}")
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        raise TypeError(f"KeyProfile.{what}: expected a floating-point tensor, got "
+                        f"{getattr(x, 'dtype', type(x).__name__)}")
     H, D = self.kv_heads, self.head_dim
     if x.ndim < 2 or x.shape[-1] != D or x.shape[-2] % H or (heads and x.shape[-2] != H):
         want = f"[..., {H}, {D}]" if heads else f"[..., a multiple of {H} heads, {D}]"
@@ -117,8 +132,8 @@ def apply_query(self:KeyProfile, layer_slot:int, q:Tensor, # float [..., Hq, hea
 @patch
 def meta(self:KeyProfile) -> dict:
     "Everything but the tensors, JSON-ready."
-    return dict(model=dataclasses.asdict(self.model), layers=list(self.layers), source=self.source, n_tokens=self.n_tokens,
-                mode=self.mode, rotation_seed=self.rotation_seed, version=self.version,
+    return dict(model=dataclasses.asdict(self.model), layers=list(self.layers), source=self.source,
+                n_tokens=self.n_tokens, mode=self.mode, rotation_seed=self.rotation_seed, version=self.version,
                 shape=list(self.mu.shape), plans=self.plans)
 
 @patch
@@ -126,7 +141,8 @@ def save(self:KeyProfile, path:str|Path) -> Path:
     "Write the profile (two float32 tensors and a JSON string) with `torch.save`."
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"format": PROFILE_FORMAT, "mu": self.mu.cpu(), "sigma": self.sigma.cpu(), "meta": json.dumps(self.meta(), sort_keys=True)}, p)
+    torch.save({"format": PROFILE_FORMAT, "mu": self.mu.cpu(), "sigma": self.sigma.cpu(),
+                "meta": json.dumps(self.meta(), sort_keys=True)}, p)
     return p
 
 @patch(cls_method=True)
@@ -136,11 +152,15 @@ def load(cls:KeyProfile, path:str|Path) -> KeyProfile:
     if not p.is_file(): raise FileNotFoundError(f"no key profile at {p}")
     try: b = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as e: raise ValueError(f"{p} is not a key profile file ({type(e).__name__}: {e})") from None
-    if not isinstance(b, dict) or b.get("format") != PROFILE_FORMAT: raise ValueError(f"{p} is not a key profile file (no {PROFILE_FORMAT!r} tag)")
+    if not isinstance(b, dict) or b.get("format") != PROFILE_FORMAT:
+        raise ValueError(f"{p} is not a key profile file (no {PROFILE_FORMAT!r} tag)")
     try:
         m = json.loads(b["meta"])
-        if m.get("version") != PROFILE_VERSION: raise ValueError(f"{p}: key profile version {m.get('version')!r}, this hqkv reads version {PROFILE_VERSION}")
-        prof = cls(b["mu"], b["sigma"], ModelIdentity(**m["model"]), tuple(m["layers"]), m["source"], m["n_tokens"], m["mode"], m["rotation_seed"], m["version"], m.get("plans", {}))
+        if m.get("version") != PROFILE_VERSION:
+            raise ValueError(f"{p}: key profile version {m.get('version')!r}, this hqkv reads version "
+                             f"{PROFILE_VERSION}")
+        prof = cls(b["mu"], b["sigma"], ModelIdentity(**m["model"]), tuple(m["layers"]), m["source"], m["n_tokens"],
+                   m["mode"], m["rotation_seed"], m["version"], m.get("plans", {}))
         for base in prof.plans:
             try: prof.plan_for(base)
             except ValueError as e: raise ValueError(f"{p}: the {base} plan: {e}") from None
@@ -164,17 +184,21 @@ def with_plan(self:KeyProfile, plan) -> KeyProfile:
 def check_matches(self:KeyProfile, identity:ModelIdentity, # the model about to use the profile
                  ):
     "Raise ValueError naming what differs when the profile was measured on another model."
-    if not isinstance(identity, ModelIdentity): raise TypeError(f"check_matches expects a ModelIdentity, got {type(identity).__name__}")
+    if not isinstance(identity, ModelIdentity):
+        raise TypeError(f"check_matches expects a ModelIdentity, got {type(identity).__name__}")
     diff = [f for f in ("kind", "config_sha256", "weights_sha256") if getattr(self.model, f) != getattr(identity, f)]
-    if diff: raise ValueError(f"key profile ({self.tag}) was calibrated on {self.model.short()}, not on this model {identity.short()} "
-                              f"(different {', '.join(diff)}); run `hqkv calibrate --model ...` for this model or set kv.key_profile=off")
+    if diff:
+        raise ValueError(f"key profile ({self.tag}) was calibrated on {self.model.short()}, not on this model "
+                         f"{identity.short()} (different {', '.join(diff)}); run `hqkv calibrate --model ...` for this "
+                         "model or set kv.key_profile=off")
 
 @patch
 def check_geometry(self:KeyProfile, layers:tuple, # model layer index of each attention layer of the cache
                    kv_heads:int, head_dim:int):
     "Raise ValueError when the cache's attention layers or head shape differ from the profile's."
     if tuple(layers) != self.layers or (kv_heads, head_dim) != (self.kv_heads, self.head_dim):
-        raise ValueError(f"key profile covers layers {self.layers} with {self.kv_heads} x {self.head_dim} heads; the cache has layers {tuple(layers)} with {kv_heads} x {head_dim}")
+        raise ValueError(f"key profile covers layers {self.layers} with {self.kv_heads} x {self.head_dim} heads; the "
+                         f"cache has layers {tuple(layers)} with {kv_heads} x {head_dim}")
 
 # %% ../nbs/14b_keyprofile.ipynb #7cf4b219
 PROFILE_FILES = {DEFAULT_MODEL: "key_profile_gemma-3-270m.pt"}   # model name -> shipped profile in hqkv/data
@@ -183,18 +207,22 @@ CALIB_TEXT = DATA_DIR / "pydoc_calib.txt"                        # the text the 
 def default_profile(name:str=DEFAULT_MODEL, # a model name in `PROFILE_FILES`
                    ) -> KeyProfile:
     "The key profile that ships for model `name`."
-    if name not in PROFILE_FILES: raise ValueError(f"no key profile ships for {name!r}; shipped: {', '.join(PROFILE_FILES)} (make one with `hqkv calibrate`)")
+    if name not in PROFILE_FILES:
+        raise ValueError(f"no key profile ships for {name!r}; shipped: {', '.join(PROFILE_FILES)} (make one with "
+                         "`hqkv calibrate`)")
     return KeyProfile.load(DATA_DIR / PROFILE_FILES[name])
 
 def profile_path(identity:ModelIdentity, # the model's identity
                 ) -> Path:
-    "Where `hqkv calibrate` writes a model's profile and `auto` finds it: cache_dir()/profiles/NAME-WEIGHTS12-CONFIG8.pt."
+    "Where `hqkv calibrate` writes a model's profile and `auto` finds it."
+    # cache_dir()/profiles/NAME-WEIGHTS12-CONFIG8.pt
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", identity.name)[:64]
     return cache_dir() / "profiles" / f"{slug}-{identity.weights_sha256[:12]}-{identity.config_sha256[:8]}.pt"
 
 def find_profile(identity:ModelIdentity) -> KeyProfile|None:
-    "The profile `auto` uses for a model: one `hqkv calibrate` wrote for it (any name), else the shipped one, else None."
-    for p in sorted((cache_dir() / "profiles").glob(f"*-{identity.weights_sha256[:12]}-{identity.config_sha256[:8]}.pt")):
+    "The profile `auto` uses for a model: one `hqkv calibrate` wrote for it (any name), else the shipped one, or None."
+    for p in sorted((cache_dir() / "profiles").glob(f"*-{identity.weights_sha256[:12]}-"
+                                                    f"{identity.config_sha256[:8]}.pt")):
         prof = KeyProfile.load(p)
         if prof.model.kind == identity.kind: return prof
     if identity.name not in PROFILE_FILES: return None
@@ -208,20 +236,25 @@ def warn_no_profile(identity:ModelIdentity, kv_format:str):
     "Warn once per model and format that a rotated format runs without a key profile, and how to make one."
     if (identity, kv_format) in _WARNED: return
     _WARNED.add((identity, kv_format))
-    warnings.warn(f"NO KEY PROFILE for {identity.short()}: {kv_format} keys are coded raw, which loses far more at 2-4 bits "
-                  f"(on Qwen2.5, tbq4 without a profile: KLD > 1). Make one with `hqkv calibrate --model MODEL --text-file TEXT` "
-                  f"(written to {profile_path(identity).parent}, found by key_profile='auto'), or pass key_profile='off' to silence this.",
+    warnings.warn(f"NO KEY PROFILE for {identity.short()}: {kv_format} keys are coded raw, which loses far more at 2-4 "
+                  "bits (on Qwen2.5, tbq4 without a profile: KLD > 1). Make one with `hqkv calibrate --model MODEL "
+                  f"--text-file TEXT` (written to {profile_path(identity).parent}, found by key_profile='auto'), or "
+                  "pass key_profile='off' to silence this.",
                   UserWarning, stacklevel=3)
 
 def resolve_key_profile(setting, # kv.key_profile: "auto" (or None), "off", or a path to a profile file
                         kv_format:str, # the pool's format
                         identity:ModelIdentity, # the model's identity
                        ) -> KeyProfile|None:
-    "The profile a cache should use, or None: auto -> the model's profile for rotated formats (a loud warning when it has none); off -> none; a path -> that file."
-    if not isinstance(identity, ModelIdentity): raise TypeError(f"identity must be a ModelIdentity, got {type(identity).__name__}")
+    "The profile a cache should use, or None."
+    # auto -> the model's profile for rotated formats (a loud warning when it has none); off -> none;
+    # a path -> that file
+    if not isinstance(identity, ModelIdentity):
+        raise TypeError(f"identity must be a ModelIdentity, got {type(identity).__name__}")
     rotated = codec_class(kv_format).rotated                         # unknown format: ValueError listing them
     if setting is None: setting = "auto"
-    if not isinstance(setting, (str, Path)): raise TypeError(f"kv.key_profile must be 'auto', 'off' or a path, got {setting!r}")
+    if not isinstance(setting, (str, Path)):
+        raise TypeError(f"kv.key_profile must be 'auto', 'off' or a path, got {setting!r}")
     if setting == "off": return None
     if setting == "auto":
         if not rotated: return None
@@ -251,27 +284,31 @@ def describe_key_profile(p:KeyProfile|None) -> str:
 # %% ../nbs/14b_keyprofile.ipynb #7ff6c66f
 @dataclass(frozen=True)
 class CacheSetup:
-    "What a cache stores, read once from the settings: each layer's formats, the key profile, and the plan that chose the formats."
+    "What a cache stores, read once from the settings: each layer's formats, the key profile, the plan that chose them."
     layout: CacheLayout          # each full-attention layer's key and value format
     profile: KeyProfile|None     # the key profile (None: keys coded raw)
     plan: BitPlan|None           # the calibrated plan applied (None: none)
-    source: str                  # where the per-layer formats came from: the plan's tag, "manual", "off" (kv.bit_plan=off) or "none"
+    source: str  # where the per-layer formats came from: the plan's tag, "manual", "off" (kv.bit_plan=off) or "none"
 
 def cache_setup(kv_format:str, # kv.format: the cache's format
                 layers:tuple, # model layer ids of the full-attention layers
                 head_dim:int,
                 profile:KeyProfile|None, # the resolved profile (`resolve_key_profile`), or None
-                key_formats=None, value_formats=None, # kv.key_formats / kv.value_formats: {layer: format}, 'LAYER=FORMAT,...' or pairs; they win over a plan
-                bit_plan:str="auto", # kv.bit_plan: "auto" (the profile's plan for kv_format, unless manual formats are given) or "off"
+                # kv.key_formats / kv.value_formats: {layer: format}, 'LAYER=FORMAT,...' or pairs; they win over a plan
+                key_formats=None, value_formats=None,
+                # kv.bit_plan: "auto" (the profile's plan for kv_format, unless manual formats are given) or "off"
+                bit_plan:str="auto",
                 kv_heads:int|None=None, # when given, the profile is checked against (layers, kv_heads, head_dim)
                 owner:str="the model", # how messages name the model
                ) -> CacheSetup:
-    "The layout a cache uses: manual per-layer formats, else the profile's calibrated plan for `kv_format`, else `kv_format` everywhere."
+    "The layout a cache uses: manual per-layer formats, else the profile's plan for `kv_format`, else `kv_format`."
     if bit_plan not in ("auto", "off"): raise ValueError(f"kv.bit_plan must be 'auto' or 'off', got {bit_plan!r}")
     if profile is not None and kv_heads is not None: profile.check_geometry(layers, kv_heads, head_dim)
     manual = bool(key_format_items(key_formats) or key_format_items(value_formats))
     plan = None if bit_plan == "off" or profile is None or manual else profile.plan_for(kv_format)
     if plan is not None: key_formats, value_formats = plan.key_formats, plan.value_formats
-    layout = CacheLayout.of(layers, head_dim, kv_format, key_formats, value_formats, owner)   # a layer the model lacks, an unknown format: ValueError
-    return CacheSetup(layout, profile, plan, plan.tag if plan is not None else "manual" if manual else "off" if bit_plan == "off" else "none")
+    # a layer the model lacks, an unknown format: ValueError
+    layout = CacheLayout.of(layers, head_dim, kv_format, key_formats, value_formats, owner)
+    return CacheSetup(layout, profile, plan,
+                      plan.tag if plan is not None else "manual" if manual else "off" if bit_plan == "off" else "none")
 

