@@ -20,10 +20,13 @@ def fake_quant(x:Tensor, # float [T, D]: T tokens of one head
                group:int|None=None, # "channel": rows per group (None: all rows, as seed 003)
               )->Tensor: # float32 [T, D], quantized and dequantized
     "Symmetric absmax integer quantization (round to nearest, clip to +-(2^(bits-1) - 1))."
-    if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= 16: raise ValueError(f"bits must be an int in [2, 16], got {bits!r}")
+    if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= 16:
+        raise ValueError(f"bits must be an int in [2, 16], got {bits!r}")
     if per not in ("token", "channel"): raise ValueError(f"per must be 'token' or 'channel', got {per!r}")
-    if not isinstance(x, Tensor) or x.ndim != 2: raise ValueError(f"x must be a [T, D] tensor, got {tuple(getattr(x, 'shape', ()))}")
-    if group is not None and (isinstance(group, bool) or not isinstance(group, int) or group < 1): raise ValueError(f"group must be None or a positive int, got {group!r}")
+    if not isinstance(x, Tensor) or x.ndim != 2:
+        raise ValueError(f"x must be a [T, D] tensor, got {tuple(getattr(x, 'shape', ()))}")
+    if group is not None and (isinstance(group, bool) or not isinstance(group, int) or group < 1):
+        raise ValueError(f"group must be None or a positive int, got {group!r}")
     qmax, x = 2 ** (bits - 1) - 1, x.float()
     if per == "token": s = x.abs().amax(1, keepdim=True)
     else:
@@ -73,7 +76,8 @@ def needle_trials(q_all:Tensor, # [L, Tq, Hq, D] queries
     if not len(ok): raise ValueError(f"no query at position >= {min_pos}")
     out = []
     for _ in range(n):
-        i = int(torch.randint(q_all.shape[0], (1,), generator=g)); jq = int(ok[torch.randint(len(ok), (1,), generator=g)])
+        i = int(torch.randint(q_all.shape[0], (1,), generator=g))
+        jq = int(ok[torch.randint(len(ok), (1,), generator=g)])
         h = int(torch.randint(q_all.shape[2], (1,), generator=g)); p = int(q_pos[jq])
         out.append((i, jq, h, int(torch.randint(1, p + 1, (1,), generator=g))))
     return out

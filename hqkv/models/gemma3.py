@@ -90,7 +90,8 @@ class GGUFFile:
         for name, ne, qt, rel in table:
             block, size = GGML_QUANT_SIZES[GGMLQuantizationType(qt)]
             t = GGUFTensor(name, tuple(reversed(ne)), qt, start + rel, math.prod(ne) // block * size)
-            if t.offset + t.nbytes > len(self._buf): raise ValueError(f"{self.path}: tensor {name} runs past the end of the file")
+            if t.offset + t.nbytes > len(self._buf):
+                raise ValueError(f"{self.path}: tensor {name} runs past the end of the file")
             self.tensors[name] = t
 
     def raw(self, name:str)->np.ndarray: # uint8 [..., bytes per row]
@@ -110,7 +111,8 @@ class GGUFFile:
             blocks = torch.from_numpy(np.array(raw)).view(-1, 34)
             x = blocks[:, 2:].view(torch.int8).float() * blocks[:, :2].contiguous().view(torch.float16).float()
         else:
-            x = torch.from_numpy(quants.dequantize(np.array(raw), GGMLQuantizationType(t.qtype)).astype(np.float32, copy=False))
+            x = quants.dequantize(np.array(raw), GGMLQuantizationType(t.qtype))
+            x = torch.from_numpy(x.astype(np.float32, copy=False))
         return x.reshape(t.shape).to(dtype)
 
 # %% ../../nbs/40_models.gemma3.ipynb #af9f5f0c
@@ -138,7 +140,8 @@ class Gemma3Config:
         for k in ('vocab_size', 'hidden_size', 'intermediate_size', 'num_layers', 'num_heads', 'num_kv_heads',
                   'head_dim', 'sliding_window', 'sliding_window_pattern', 'query_pre_attn_scalar', 'max_position'):
             v = getattr(self, k)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1: raise ValueError(f"Gemma3Config.{k} must be a positive int, got {v!r}")
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"Gemma3Config.{k} must be a positive int, got {v!r}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
         if self.head_dim % 2: raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
@@ -252,7 +255,8 @@ def attention(q:Tensor, # queries [T, Hq, D]
     if Hkv == 1: kh, vh = kh.expand(Hq, -1, -1), vh.expand(Hq, -1, -1)     # GQA: a view, no copy
     elif Hq != Hkv: kh, vh = kh.repeat_interleave(Hq // Hkv, 0), vh.repeat_interleave(Hq // Hkv, 0)
     # 4-D inputs without enable_gqa take torch's fused CPU kernel (1.5x faster than the GQA path here)
-    o = F.scaled_dot_product_attention(q.float().transpose(0, 1)[None], kh[None], vh[None], attn_mask=mask, scale=scale)[0]
+    o = F.scaled_dot_product_attention(q.float().transpose(0, 1)[None], kh[None], vh[None], attn_mask=mask,
+                                       scale=scale)[0]
     return o.transpose(0, 1).to(q.dtype)
 
 # %% ../../nbs/40_models.gemma3.ipynb #17fbe25a
@@ -273,7 +277,8 @@ class DenseKV:
         if layer in self.k:
             kk, vv = torch.cat([self.k[layer].to(k.dtype), k]), torch.cat([self.v[layer].to(v.dtype), v])
             o = attention(q, kk, vv, pos, torch.cat([self.pos[layer], pos]), scale)
-            self.k[layer], self.v[layer] = torch.cat([self.k[layer], k.to(self.dtype)]), torch.cat([self.v[layer], v.to(self.dtype)])
+            self.k[layer] = torch.cat([self.k[layer], k.to(self.dtype)])
+            self.v[layer] = torch.cat([self.v[layer], v.to(self.dtype)])
             self.pos[layer] = torch.cat([self.pos[layer], pos])
         else:
             o = attention(q, k, v, pos, pos, scale)
@@ -298,7 +303,8 @@ class LocalRing:
         else: o = attention(q, k, v, pos, pos, scale, self.window)
         keep = slice(max(0, len(pos) - self.window), None)      # older tokens can never be seen again
         slot = pos[keep] % self.window
-        self.k[i, slot], self.v[i, slot], self.pos[i, slot] = k[keep].to(self.k.dtype), v[keep].to(self.v.dtype), pos[keep]
+        self.k[i, slot], self.v[i, slot] = k[keep].to(self.k.dtype), v[keep].to(self.v.dtype)
+        self.pos[i, slot] = pos[keep]
         return o
     @property
     def nbytes(self)->int: return self.k.nbytes + self.v.nbytes
@@ -319,7 +325,8 @@ class Gemma3Layer(nn.Module):
         super().__init__()
         H, D, I, Hq, Hkv = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads
         self.idx, self.is_global = idx, cfg.is_global(idx)
-        self.q_proj, self.k_proj, self.v_proj, self.o_proj = _empty(Hq * D, H), _empty(Hkv * D, H), _empty(Hkv * D, H), _empty(H, Hq * D)
+        self.q_proj, self.k_proj = _empty(Hq * D, H), _empty(Hkv * D, H)
+        self.v_proj, self.o_proj = _empty(Hkv * D, H), _empty(H, Hq * D)
         self.gate_proj, self.up_proj, self.down_proj = _empty(I, H), _empty(I, H), _empty(H, I)
         self.attn_norm, self.post_attn_norm, self.ffn_norm, self.post_ffn_norm = (_empty(H) for _ in range(4))
         self.q_norm, self.k_norm = _empty(D), _empty(D)
@@ -343,23 +350,28 @@ class Gemma3(nn.Module):
                  )->SeqState:
         "A fresh, empty sequence."
         kv = DenseKV() if kv is None else kv
-        if not isinstance(kv, GlobalKV): raise TypeError(f"kv must have an attend(layer, q, k, v, pos, scale) method, got {type(kv).__name__}")
+        if not isinstance(kv, GlobalKV):
+            raise TypeError(f"kv must have an attend(layer, q, k, v, pos, scale) method, got {type(kv).__name__}")
         c = self.cfg
-        return SeqState(LocalRing(len(self.local_layers), c.sliding_window, c.num_kv_heads, c.head_dim, ring_dtype, self.embed.device), kv)
+        return SeqState(LocalRing(len(self.local_layers), c.sliding_window, c.num_kv_heads, c.head_dim, ring_dtype,
+                                  self.embed.device), kv)
 
     def _check(self, states, ids):
         if isinstance(states, SeqState): states, ids = [states], [ids]
         if len(states) != len(ids): raise ValueError(f"{len(states)} states but {len(ids)} token chunks")
-        if not all(isinstance(s, SeqState) for s in states): raise TypeError("states must be SeqState objects (see Gemma3.new_state)")
+        if not all(isinstance(s, SeqState) for s in states):
+            raise TypeError("states must be SeqState objects (see Gemma3.new_state)")
         if len({id(s) for s in states}) != len(states): raise ValueError("the same state appears twice in one call")
         out = []
         for s, t in zip(states, ids):
             t = torch.as_tensor(t)
             if t.numel() == 0: raise ValueError("empty token chunk")
-            if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool: raise TypeError(f"token ids must be integers, got {t.dtype}")
+            if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+                raise TypeError(f"token ids must be integers, got {t.dtype}")
             t = t.to(torch.int64).reshape(-1)
             if int(t.min()) < 0 or int(t.max()) >= self.cfg.vocab_size:
-                raise ValueError(f"token ids must be in [0, {self.cfg.vocab_size}), got [{int(t.min())}, {int(t.max())}]")
+                raise ValueError(f"token ids must be in [0, {self.cfg.vocab_size}), got "
+                                 f"[{int(t.min())}, {int(t.max())}]")
             if s.pos + len(t) > self.cfg.max_position:
                 raise ValueError(f"{s.pos} + {len(t)} tokens exceed the model's context of {self.cfg.max_position}")
             out.append(t)
@@ -373,15 +385,18 @@ def forward(self:Gemma3, states:list, # `SeqState`s (or one)
             logits:str|int='last', # 'last' ([V] per sequence), 'all' ([T, V]), 'none', or n: the last n tokens ([n, V])
            )->list: # float32 logits per sequence
     "Append each chunk to its sequence and return logits."
-    if not (logits in ('last', 'all', 'none') or (isinstance(logits, int) and not isinstance(logits, bool) and logits > 0)):
+    if not (logits in ('last', 'all', 'none')
+            or (isinstance(logits, int) and not isinstance(logits, bool) and logits > 0)):
         raise ValueError(f"logits must be 'last', 'all', 'none' or a positive int, got {logits!r}")
     states, ids = self._check(states, ids)
     c, lens, dev = self.cfg, [len(t) for t in ids], self.embed.device
     pos = [torch.arange(s.pos, s.pos + n, device=dev) for s, n in zip(states, lens)]
     allpos = torch.cat(pos)
-    rope = {glob: rope_cos_sin(allpos, c.head_dim, c.rope_theta_global if glob else c.rope_theta_local) for glob in (True, False)}
+    rope = {glob: rope_cos_sin(allpos, c.head_dim, c.rope_theta_global if glob else c.rope_theta_local)
+            for glob in (True, False)}
     N, Hq, Hkv, D = len(allpos), c.num_heads, c.num_kv_heads, c.head_dim
-    x = F.embedding(torch.cat(ids).to(dev), self.embed) * torch.tensor(c.hidden_size ** 0.5, dtype=self.dtype, device=dev)
+    x = F.embedding(torch.cat(ids).to(dev), self.embed) * \
+        torch.tensor(c.hidden_size ** 0.5, dtype=self.dtype, device=dev)
     for L in self.layers:
         h = rms_norm(x, L.attn_norm, c.rms_eps)
         cos, sin = rope[L.is_global]
@@ -428,7 +443,8 @@ def gemma3_from_gguf(path:str|Path, # a Gemma 3 GGUF file
                      dtype:torch.dtype=torch.float32, # weight (and compute) dtype
                     )->Gemma3:
     "`Gemma3` with every GGUF tensor dequantised to float32, then cast to `dtype`, and its tokenizer."
-    if dtype not in (torch.float32, torch.bfloat16, torch.float16): raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
     f = GGUFFile(path)
     cfg = config_from_gguf(f.metadata)
     m = Gemma3(cfg)     # uninitialised storage, replaced below
@@ -442,7 +458,8 @@ def gemma3_from_gguf(path:str|Path, # a Gemma 3 GGUF file
 
 @functools.lru_cache(maxsize=4)
 def _load_gemma3(dtype:torch.dtype, device:torch.device)->Gemma3:
-    return gemma3_from_gguf(gguf_path(), dtype).to(device)   # a fresh load per device: the CPU copy in the cache stays on the CPU
+    # a fresh load per device: the CPU copy in the cache stays on the CPU
+    return gemma3_from_gguf(gguf_path(), dtype).to(device)
 
 def load_gemma3(dtype:torch.dtype=torch.float32, # weight and compute dtype
                 device:str|torch.device="cpu", # where the weights live and the forward runs
@@ -451,10 +468,11 @@ def load_gemma3(dtype:torch.dtype=torch.float32, # weight and compute dtype
     return _load_gemma3(dtype, torch.device(device))
 
 # %% ../../nbs/40_models.gemma3.ipynb #4f0b93da
-_HF_NAMES = dict(q_proj='self_attn.q_proj', k_proj='self_attn.k_proj', v_proj='self_attn.v_proj', o_proj='self_attn.o_proj',
-                 gate_proj='mlp.gate_proj', up_proj='mlp.up_proj', down_proj='mlp.down_proj', attn_norm='input_layernorm',
-                 post_attn_norm='post_attention_layernorm', ffn_norm='pre_feedforward_layernorm',
-                 post_ffn_norm='post_feedforward_layernorm', q_norm='self_attn.q_norm', k_norm='self_attn.k_norm')
+_HF_NAMES = dict(q_proj='self_attn.q_proj', k_proj='self_attn.k_proj', v_proj='self_attn.v_proj',
+                 o_proj='self_attn.o_proj', gate_proj='mlp.gate_proj', up_proj='mlp.up_proj',
+                 down_proj='mlp.down_proj', attn_norm='input_layernorm', post_attn_norm='post_attention_layernorm',
+                 ffn_norm='pre_feedforward_layernorm', post_ffn_norm='post_feedforward_layernorm',
+                 q_norm='self_attn.q_norm', k_norm='self_attn.k_norm')
 
 def hf_config(cfg:Gemma3Config):
     "transformers' `Gemma3TextConfig` for `cfg`."
@@ -481,7 +499,9 @@ def hf_reference(model:Gemma3):
             w = getattr(L, ours)
             sd[f'model.layers.{i}.{theirs}.weight'] = w if ours.endswith('_proj') else w - 1
     missing, unexpected = hf.load_state_dict(sd, strict=False, assign=True)
-    if unexpected or set(missing) - {'lm_head.weight'}: raise RuntimeError(f"weight names do not match: missing {missing}, unexpected {unexpected}")
+    if unexpected or set(missing) - {'lm_head.weight'}:
+        raise RuntimeError(f"weight names do not match: missing {missing}, unexpected {unexpected}")
     hf.tie_weights()
-    if hf.lm_head.weight.data_ptr() != model.embed.data_ptr(): raise RuntimeError("lm_head is not tied to the embedding")
+    if hf.lm_head.weight.data_ptr() != model.embed.data_ptr():
+        raise RuntimeError("lm_head is not tied to the embedding")
     return hf.to(model.dtype).eval()
