@@ -16,7 +16,8 @@ __all__ = ['DEFAULT_MODEL', 'cache_dir', 'ModelIdentity', 'config_sha256', 'file
 
 # %% ../../nbs/14_models.identity.ipynb #28647fc5
 def cache_dir()->Path:
-    "hqkv's cache directory: $HQKV_CACHE_DIR, else $XDG_CACHE_HOME/hqkv, else ~/.cache/hqkv (created on first use by whoever writes)."
+    "hqkv's cache directory: $HQKV_CACHE_DIR, else $XDG_CACHE_HOME/hqkv, else ~/.cache/hqkv."
+    # created on first use by whoever writes
     if os.environ.get("HQKV_CACHE_DIR"): return Path(os.environ["HQKV_CACHE_DIR"]).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
