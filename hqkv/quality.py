@@ -6,253 +6,26 @@ Docs: https://hqkv.github.io/hqkv/quality.html.md"""
 
 # %% ../nbs/50_quality.ipynb #7bd86643
 from __future__ import annotations
-import argparse, functools, glob, json, math, random, re, shutil, subprocess, time
+import argparse, functools, json, math, random, re, time
 from dataclasses import dataclass
 from pathlib import Path
 import torch
 from torch import Tensor
-from .codec import list_codecs, codec_class, asked_codec_opts
-from .sizing import CacheLayout, get_geometry, bytes_per_token, key_format_items
-from .fixtures import kjv_from_bible
+from .codec import codec_class
+from .sizing import CacheLayout, get_geometry, bytes_per_token
 from .testing import top2_margin
+from .texts import *
+from .variants import *
+# re-exported: studies, tests and commands import these from here
+_all_ = ['PYDOC_GLOB', 'TEXTS', 'kjv_text', 'pydoc_text', 'eval_text', 'text_windows',
+         'GEOMETRY', 'codec_opts', 'KVVariant', 'ProfiledKV', 'kv_state', 'HFTokenizer', 'HFModel']
 
 # %% auto #0
-__all__ = ['PYDOC_GLOB', 'TEXTS', 'GEOMETRY', 'codec_opts', 'REGIMES', 'NIAH_INTRO', 'NIAH_NEEDLE', 'NIAH_QUESTION', 'ORACLE',
-           'kjv_text', 'pydoc_text', 'eval_text', 'text_windows', 'KVVariant', 'ProfiledKV', 'kv_state', 'HFTokenizer',
-           'HFModel', 'TokenScores', 'model_identity_of', 'kld_eval', 'NeedlePrompt', 'niah_key', 'niah_prompt',
-           'niah_score', 'text_ids', 'run_kld', 'run_niah', 'summarize', 'table_markdown', 'write_table',
-           'eval_variants']
-
-# %% ../nbs/50_quality.ipynb #137bc602
-def kjv_text()->str:
-    "The whole King James Bible from Debian's `bible-kjv`, formatted like the shipped excerpt."
-    exe = shutil.which("bible")
-    if exe is None: raise ValueError("the full KJV text needs Debian's bible-kjv (`apt-get install -y bible-kjv`); "
-                                     "or use --text kjv-excerpt (Genesis 1-11, shipped) or --text-file PATH")
-    out = subprocess.run([exe, "-f", "Gen1:1-Rev22:21"], capture_output=True, text=True, check=True).stdout
-    return kjv_from_bible(out)
-
-PYDOC_GLOB = "/usr/share/doc/python3*/html/_sources/tutorial/*.rst.txt"   # Debian's python3.x-doc
-
-def pydoc_text()->str:
-    "The Python tutorial's reStructuredText sources, once each, concatenated in file-name order."
-    # from Debian's python3.x-doc
-    # python3.11-dev, -venv: symlinks to one copy
-    files = sorted({Path(f).resolve() for f in glob.glob(PYDOC_GLOB)}, key=lambda p: (p.name, str(p)))
-    if not files:
-        raise ValueError(f"the full Python tutorial needs Debian's python3.11-doc (no file matches {PYDOC_GLOB}); "
-                                   "or use --text pydoc-excerpt (shipped) or --text-file PATH")
-    return "\n\n".join(Path(f).read_text(encoding="utf-8") for f in files)
-
-def _shipped(name):
-    from hqkv.fixtures import load_text
-    return load_text(name)
-
-TEXTS = {"kjv": kjv_text, "pydoc": pydoc_text, "kjv-excerpt": lambda: _shipped("kjv"),
-         "pydoc-excerpt": lambda: _shipped("pydoc")}
-
-def eval_text(name:str|None=None, # one of `TEXTS`
-              path:str|Path|None=None, # or any UTF-8 text file
-             )->str:
-    "An evaluation text by name (`kjv`, `pydoc`, `kjv-excerpt`, `pydoc-excerpt`) or from a file."
-    if (name is None) == (path is None): raise ValueError("give exactly one of a text name and a text file")
-    if path is not None:
-        p = Path(path)
-        if not p.is_file(): raise ValueError(f"no text file at {p}")
-        try: t = p.read_text(encoding="utf-8")
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{p} is not UTF-8 text ({e.reason} at byte {e.start})") from None
-        if not t.strip(): raise ValueError(f"{p} is empty")
-        return t
-    if name not in TEXTS:
-        raise ValueError(f"unknown text {name!r}; available: {', '.join(TEXTS)} (or a file with --text-file)")
-    return TEXTS[name]()
-
-# %% ../nbs/50_quality.ipynb #8afeb014
-def text_windows(ids:list, # the text's token ids (no <bos>)
-                 n_tokens:int, # tokens per window, <bos> included
-                 count:int=1, # windows, one centred in each of `count` equal parts of the text
-                 bos:int|None=2, # <bos> id put first in every window (None: a window of text only)
-                )->list: # [(window ids, the id of the token that follows)]
-    "`count` windows of `n_tokens` tokens (<bos> + text), spread evenly over the text."
-    for n, v, lo in (("n_tokens", n_tokens, 2), ("count", count, 1)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise ValueError(f"{n} must be an int >= {lo}, got {v!r}")
-    L, body = len(ids), n_tokens - (bos is not None)
-    if L < body + 1:
-        raise ValueError(f"the text has {L} tokens; a window of {n_tokens} needs {body + 1} (its text tokens "
-                         "and the next one)")
-    out = []
-    for i in range(count):
-        a = min(L - body - 1, max(0, (L * (2 * i + 1)) // (2 * count) - body // 2))
-        out.append(([bos] * (bos is not None) + list(ids[a:a + body]), int(ids[a + body])))
-    return out
-
-# %% ../nbs/50_quality.ipynb #f404dd1e
-GEOMETRY = "gemma-3-270m"   # the `hqkv.sizing` geometry of the evaluated model
-
-def _layer_formats(spec, kv_format:str, what:str)->tuple:
-    "Per-layer formats as sorted (model layer id, format) pairs, the variant's own format dropped."
-    # the model checks its layers when a state is built
-    out = {}
-    for layer, fmt in key_format_items(spec):
-        if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
-            raise ValueError(f"{what} format for layer {layer!r}: a layer is a model layer id (an int >= 0)")
-        if not isinstance(fmt, str) or fmt not in list_codecs():
-            raise ValueError(f"unknown {what} format {fmt!r} for layer {layer}; supported formats: "
-                             f"{', '.join(n for n in list_codecs() if not n.startswith('_'))}")
-        if layer in out: raise ValueError(f"layer {layer} is given two {what} formats ({out[layer]}, {fmt})")
-        out[layer] = fmt
-    return tuple(sorted((l, f) for l, f in out.items() if f != kv_format))
-
-@dataclass(slots=True, frozen=True)
-class KVVariant:
-    "What a run changes against the bf16 oracle: the pages' format, the exact window, the key profile."
-    kv_format: str              # a registered format name
-    window: bool = False        # keep the first `sinks` and latest `recent` tokens exact (bf16)
-    key_profile: bool = False   # code keys as (k - mu) / sigma with a calibrated `hqkv.keyprofile.KeyProfile`
-    sinks: int = 32             # kv.window_sinks
-    recent: int = 512           # kv.window_recent
-    # (model layer id, format) pairs: those layers' keys in their own format (`KVPool(key_formats=)`)
-    key_formats: tuple = ()
-    value_formats: tuple = ()   # ... and values (`KVPool(value_formats=)`)
-    def __post_init__(self):
-        if not isinstance(self.kv_format, str) or self.kv_format not in list_codecs():
-            raise ValueError(f"unknown KV format {self.kv_format!r}; supported formats: "
-                             f"{', '.join(n for n in list_codecs() if not n.startswith('_'))}")
-        # sorted, own format dropped
-        object.__setattr__(self, "key_formats", _layer_formats(self.key_formats, self.kv_format, "key"))
-        object.__setattr__(self, "value_formats", _layer_formats(self.value_formats, self.kv_format, "value"))
-        for n in ("window", "key_profile"):
-            if not isinstance(getattr(self, n), bool):
-                raise TypeError(f"KVVariant.{n} must be a bool, got {getattr(self, n)!r}")
-        for n in ("sinks", "recent"):
-            v = getattr(self, n)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"KVVariant.{n} must be an int >= 0, got {v!r}")
-        if self.window and not (self.sinks or self.recent):
-            raise ValueError("KVVariant: window=True needs sinks or recent > 0")
-    @property
-    def name(self)->str:
-        "e.g. 'hq-e8-2b+profile+window', '+window:16:256' (a window other than 32 + 512), '+k5:tbq3' (a layer's keys)."
-        w = "" if not self.window else "+window" if (self.sinks, self.recent) == (32, 512) else \
-            f"+window:{self.sinks}:{self.recent}"
-        return (self.kv_format + ("+profile" if self.key_profile else "") + w
-                + "".join(f"+k{l}:{f}" for l, f in self.key_formats)
-                + "".join(f"+v{l}:{f}" for l, f in self.value_formats))
-    @classmethod
-    def parse(cls, spec:str)->KVVariant:
-        "Read a `name`: 'FORMAT[+profile][+window[:SINKS:RECENT]][+kLAYER:FORMAT ...]'."
-        form = "'FORMAT[+profile][+window[:SINKS:RECENT]][+kLAYER:FORMAT ...][+vLAYER:FORMAT ...]'"
-        if not isinstance(spec, str) or not spec: raise ValueError(f"a variant is {form}, got {spec!r}")
-        fmt, *opts = spec.split("+")
-        kw, keys, vals = {}, [], []
-        for o in opts:
-            m = re.fullmatch(r"window(?::(\d+):(\d+))?", o)
-            mk = re.fullmatch(r"([kv])(\d+):([A-Za-z0-9_.-]+)", o)
-            if o == "profile" and "key_profile" not in kw: kw["key_profile"] = True
-            elif m and "window" not in kw:
-                kw["window"] = True
-                if m.group(1): kw["sinks"], kw["recent"] = int(m.group(1)), int(m.group(2))
-            elif mk: (keys if mk.group(1) == "k" else vals).append((int(mk.group(2)), mk.group(3)))
-            else: raise ValueError(f"bad option {o!r} in variant {spec!r}: use {form}")
-        return cls(fmt, **kw, key_formats=tuple(keys), value_formats=tuple(vals))
-    def layout(self, layers:tuple, head_dim:int, owner:str="the model")->CacheLayout:
-        "The variant's `CacheLayout` on a model's full-attention layers (its per-layer formats checked against them)."
-        return CacheLayout.of(layers, head_dim, self.kv_format, self.key_formats, self.value_formats, owner)
-    def __str__(self): return self.name
-
-# %% ../nbs/50_quality.ipynb #605a0553
-# `get_codec` options for evaluating a format: naming tbq3 in an evaluation is asking for it
-codec_opts = asked_codec_opts
-
-class ProfiledKV:
-    "A `GlobalKV` around one without key-profile support: keys stored as (k - mu) / sigma, queries scaled by sigma."
-    # e.g. the oracle's `DenseKV`
-    def __init__(self, inner, # the `GlobalKV` that stores and attends
-                 profile, # a `KeyProfile` covering the model's global layers
-                ):
-        self.inner, self.profile, self.slot = inner, profile, {l: i for i, l in enumerate(profile.layers)}
-    def attend(self, layer, q, k, v, pos, scale):
-        "Attend through `inner` with the keys and the query transformed; scores change by a constant per query only."
-        i = self.slot[layer]
-        return self.inner.attend(layer, self.profile.apply_query(i, q).to(q.dtype),
-                                 self.profile.apply_keys(i, k).to(k.dtype), v, pos, scale)
-
-def kv_state(model, # a `Gemma3`, or an `HFModel`
-             variant:KVVariant|None, # None: the oracle (the model's dense bf16 K/V)
-             ids:list, # every token the sequence will hold (the pool is sized and admitted for them)
-             profile=None, # `KeyProfile`, used when `variant.key_profile`
-            ):
-    "A fresh `SeqState` whose global layers keep their K/V as `variant` says: the engine's `PagedKV` ('gather')."
-    if variant is None: return model.new_state()
-    if variant.key_profile and profile is None: raise ValueError(f"{variant.name} needs a key profile")
-    if isinstance(model, HFModel): return model.state(variant, profile)
-    from hqkv.pool import KVPool
-    from hqkv.pagedkv import PagedKV
-    g = get_geometry(GEOMETRY)
-    if tuple(g.attn_layer_ids) != tuple(model.cfg.global_layers):
-        raise ValueError(f"the model's global layers {model.cfg.global_layers} are not {g.name}'s {g.attn_layer_ids}")
-    fmts = {variant.kv_format, *(f for _, f in variant.key_formats + variant.value_formats)}
-    pool = KVPool(g, variant.kv_format, f"{len(ids)}tok", codec_opts={f: codec_opts(f) for f in fmts},
-                  key_formats=variant.key_formats, value_formats=variant.value_formats)
-    S, R = (variant.sinks, variant.recent) if variant.window else (0, 0)
-    # the decode regime reads as decode steps: gather only
-    paged = PagedKV(pool, window_sinks=S, window_recent=R, attn="gather",
-                    key_profile=profile if variant.key_profile else None)
-    paged.admit(0, ids, 0)
-    return model.new_state(kv=paged.view(0))
-
-# %% ../nbs/50_quality.ipynb #a07085ba
-class HFTokenizer:
-    "A transformers tokenizer with the two calls the harness makes (`encode(text, add_bos)`, `piece(id)`)."
-    def __init__(self, tok, bos_id:int|None): self.tok, self.bos_id = tok, bos_id
-    def encode(self, text:str, add_bos:bool=True)->list:
-        "Token ids of `text`, the model's <bos> (or end-of-text) first when `add_bos`."
-        ids = self.tok.encode(text, add_special_tokens=False)
-        return ([self.bos_id] if add_bos and self.bos_id is not None else []) + list(ids)
-    def piece(self, i:int)->str: return self.tok.decode([int(i)])
-
-class HFModel:
-    "A transformers causal LM driven by the quality harness, its K/V in an `HQKVCache` per state."
-    # read through hqkv's attention function (the paged path: it can read as decode steps do)
-    def __init__(self, lm, # a `hqkv.models.load.LoadedLM` (its model is switched to `use_hqkv_attention`)
-                ):
-        from types import SimpleNamespace
-        from hqkv.hf import use_hqkv_attention
-        use_hqkv_attention(lm.model)
-        self.lm, self.model, self.identity, self.geometry = lm, lm.model, lm.identity, lm.geometry
-        self.tokenizer = HFTokenizer(lm.tokenizer, lm.bos_id)
-        self.cfg = SimpleNamespace(max_position=lm.max_position, global_layers=lm.geometry.attn_ids)
-    def __repr__(self): return f"HFModel({self.identity.short()})"
-
-    def new_state(self):
-        "The oracle: bf16 rows, no window, no profile."
-        from hqkv.hf import HQKVCache
-        return HQKVCache(self.model, "bf16", window_sinks=0, window_recent=0, key_profile="off")
-
-    def state(self, variant:KVVariant, profile=None):
-        "A fresh cache that keeps the K/V as `variant` says (its own formats: a profile's bit plan is not applied)."
-        from hqkv.hf import HQKVCache
-        S, R = (variant.sinks, variant.recent) if variant.window else (0, 0)
-        return HQKVCache(self.model, variant.kv_format, window_sinks=S, window_recent=R,
-                         key_profile=profile if variant.key_profile else "off",
-                         key_formats=dict(variant.key_formats) or None,
-                         value_formats=dict(variant.value_formats) or None, bit_plan="off",
-                         **codec_opts(variant.kv_format))
-
-    def forward(self, states:list, chunks:list, logits="none",
-               )->list: # per state: float32 logits [n, vocab] of its chunk's last n positions (None for "none")
-        "Run each state's chunk through the model (one sequence at a time)."
-        out, dev = [], next(self.model.parameters()).device
-        n = 1 if logits == "none" else int(logits)
-        with torch.no_grad():          # not inference_mode: the harness normalises the logits in place
-            for st, ch in zip(states, chunks):
-                lg = self.model(input_ids=torch.tensor([list(ch)], device=dev), past_key_values=st, use_cache=True,
-                                logits_to_keep=n).logits[0]
-                out.append(None if logits == "none" else lg[-n:].float())
-        return out
-
+__all__ = ['REGIMES', 'NIAH_INTRO', 'NIAH_NEEDLE', 'NIAH_QUESTION', 'ORACLE', 'TokenScores', 'model_identity_of', 'kld_eval',
+           'NeedlePrompt', 'niah_key', 'niah_prompt', 'niah_score', 'text_ids', 'run_kld', 'run_niah', 'summarize',
+           'table_markdown', 'write_table', 'eval_variants', 'PYDOC_GLOB', 'TEXTS', 'kjv_text', 'pydoc_text',
+           'eval_text', 'text_windows', 'GEOMETRY', 'codec_opts', 'KVVariant', 'ProfiledKV', 'kv_state', 'HFTokenizer',
+           'HFModel']
 
 # %% ../nbs/50_quality.ipynb #e877180f
 @dataclass(slots=True)

@@ -11,6 +11,7 @@ LAYERS = [  # lowest first; a module may import any module of a lower layer
     ["models.identity"],                # a model's name, identity and files (reads gemma3's config class only)
     ["codec"],                          # the row formats (codec.* is one package)
     ["sizing", "fixtures"],             # bytes per token, geometries; shipped texts and data
+    ["texts"],                          # the evaluation texts (whole or shipped excerpts) and their windows
     ["bitplan"],                        # the per-row plan type and its search (pure)
     ["keyprofile"],                     # the profile type, its files, which one a cache uses
     ["models.load"],                    # any transformers causal LM, its geometry
@@ -22,7 +23,8 @@ LAYERS = [  # lowest first; a module may import any module of a lower layer
     ["backends", "scheduler"],          # attention backends behind one protocol; admission
     ["pagedkv"],                        # the per-step KV manager
     ["hf", "model_runner"],             # transformers' cache and attention hooks
-    ["quality"],                        # KLD, needles, the variants
+    ["variants"],                       # what a quality run changes, and the paged K/V it gives a sequence
+    ["quality"],                        # KLD, needles, tables (re-exports texts and variants)
     ["calibrate"],                      # measuring profiles and row sensitivities
     ["settings", "monitor"],            # the engine's settings; pool metrics
     ["model_cache"],                    # the engine's model: loaded once per process, device checks, stop ids
