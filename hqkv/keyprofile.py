@@ -201,7 +201,11 @@ def check_geometry(self:KeyProfile, layers:tuple, # model layer index of each at
                          f"cache has layers {tuple(layers)} with {kv_heads} x {head_dim}")
 
 # %% ../nbs/14b_keyprofile.ipynb #7cf4b219
-PROFILE_FILES = {DEFAULT_MODEL: "key_profile_gemma-3-270m.pt"}   # model name -> shipped profile in hqkv/data
+PROFILE_FILES = {                     # model name -> the profile (and bit plan) that ships in hqkv/data
+    DEFAULT_MODEL: "key_profile_gemma-3-270m.pt",
+    "smollm2-135m": "key_profile_smollm2-135m.pt",               # nbs/studies/59b_plan_proxy: `hqkv calibrate --budget 2.5`
+    "qwen2.5-coder-0.5b": "key_profile_qwen2.5-coder-0.5b.pt",
+}
 CALIB_TEXT = DATA_DIR / "pydoc_calib.txt"                        # the text the shipped profile was measured on
 
 def default_profile(name:str=DEFAULT_MODEL, # a model name in `PROFILE_FILES`

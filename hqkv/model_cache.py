@@ -77,7 +77,9 @@ def stop_ids(lm:LoadedLM) -> frozenset:
 def engine_key_profile(setting:str, kv_format:str, lm:LoadedLM):
     "kv.key_profile for an engine's model: `resolve_key_profile`; for the bundled model, the shipped profile."
     # the shipped profile: the same weights file, calibrated through hqkv's own forward
-    from hqkv.keyprofile import resolve_key_profile, find_profile, default_profile, PROFILE_FILES
-    if setting == "auto" and lm.name in PROFILE_FILES and codec_class(kv_format).rotated:
+    from hqkv.keyprofile import resolve_key_profile, find_profile, default_profile
+    from hqkv.models.identity import DEFAULT_MODEL
+    # (other models' shipped profiles apply only to the config and weights they were measured on: find_profile)
+    if setting == "auto" and lm.name == DEFAULT_MODEL and codec_class(kv_format).rotated:
         return find_profile(lm.identity) or default_profile(lm.name)
     return resolve_key_profile(setting, kv_format, lm.identity)

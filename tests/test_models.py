@@ -126,3 +126,20 @@ def test_real_smollm2_generate_matches_transformers(tmp_path):
     check_greedy(j["tokens"], want[:len(j["tokens"])], ref_topk(lm.model, ids, want), what="SmolLM2 bf16 pages")   # up to near-ties
     assert len(j["tokens"]) >= 1
     assert "model=smollm2-135m" in j["vram_plan"]
+
+
+@pytest.mark.model
+def test_real_smollm2_uses_its_shipped_profile_and_plan(tmp_path):
+    "The packaged SmolLM2 runs hq-e8-2b with the profile and 2.5-bit plan that ship for it, with no setting and no calibration."
+    from hqkv.models.load import fetch_model, ModelUnavailable
+    from hqkv.models.identity import cache_dir
+    from hqkv.keyprofile import default_profile
+    try: fetch_model("smollm2-135m")
+    except ModelUnavailable as e: pytest.skip(str(e))
+    (tmp_path / "models").symlink_to(cache_dir() / "models")         # the fetched model, but no profile hqkv calibrate wrote
+    r = run(["generate", "--model", "smollm2-135m", "--format", "hq-e8-2b", "--budget", "4Ktok", "--context", "512",
+             "--max-tokens", "2", "--json", "In the beginning"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    j, shipped = json.loads(r.stdout), default_profile("smollm2-135m")
+    assert j["key_profile"] == shipped.tag and shipped.plan_for("hq-e8-2b") is not None, j["key_profile"]
+    assert f"bit_plan={shipped.plan_for('hq-e8-2b').tag} " in j["vram_plan"], j["vram_plan"]
