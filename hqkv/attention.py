@@ -140,6 +140,7 @@ def _check_pages(k_pages, v_pages, codec):
         raise ValueError(f"k_pages {tuple(k_pages.shape)} and v_pages {tuple(v_pages.shape)} differ")
     return k_pages.shape[0], k_pages.shape[1], k_pages.shape[2]
 
+# %% ../nbs/30_attention.ref.ipynb #09fb33cc
 def _check_int(name, t, shape0=None):
     if not isinstance(t, Tensor) or t.dtype != torch.int32 or t.ndim != 1:
         raise TypeError(f"{name} must be a 1-D int32 tensor, got {getattr(t, 'dtype', type(t).__name__)} "
@@ -156,6 +157,7 @@ def _check_table(indptr, indices, B, num_pages):
         raise ValueError(f"indices must be page ids in [0, {num_pages}), got range [{min(idx)}, {max(idx)}]")
     return ip, idx
 
+# %% ../nbs/30_attention.ref.ipynb #a5130f6c
 def _check_window(window, slots, lens, kv_heads, head_dim, what):
     if window is None: return None
     if not isinstance(window, ExactWindow):

@@ -114,6 +114,7 @@ def _forward_scored(model, st, ch:list, ns:int, regime:str):
     _read_as_decode(st, True)
     return model.forward([st], [ch[len(ch) - ns:]], logits=ns)[0]
 
+# %% ../nbs/50_quality.ipynb #bfedadd5
 def kld_eval(model, # a `Gemma3`
              ids:list, # the window's token ids (<bos> first)
              next_id:int, # the token that follows the window: the target of its last position
@@ -179,6 +180,7 @@ def niah_key(seed:int, *cell)->str:
     "A reproducible random 7-digit pass key for one cell of a grid."
     return str(random.Random("/".join(map(str, (seed,) + cell))).randrange(10**6, 10**7))
 
+# %% ../nbs/50_quality.ipynb #069e1b59
 def niah_prompt(tok, # a `Gemma3Tokenizer`
                 filler:list, # token ids of the haystack text (no <bos>)
                 n_tokens:int, # prompt length, answer excluded
@@ -203,6 +205,7 @@ def niah_prompt(tok, # a `Gemma3Tokenizer`
     return NeedlePrompt(intro + list(filler[:d]) + needle + list(filler[d:body]) + q, answer, key, len(intro) + d,
                         float(depth))
 
+# %% ../nbs/50_quality.ipynb #c8597afb
 def niah_score(model, # a `Gemma3`
                p:NeedlePrompt,
                variant:KVVariant|None, # None: the oracle
@@ -346,6 +349,7 @@ def summarize(kld:list, # `run_kld` records
                        niah_margin_median=ms[len(ms) // 2])
     return list(rows.values())
 
+# %% ../nbs/50_quality.ipynb #52eede7d
 def table_markdown(rows:list)->str:
     "The summary rows as a markdown table (KLD and top-1 per context, NIAH retrieved/cells and the smallest margin)."
     ctx = sorted({n for r in rows for n in r["kld"]})
@@ -365,6 +369,7 @@ def table_markdown(rows:list)->str:
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
+# %% ../nbs/50_quality.ipynb #8b7abb78
 def write_table(rows:list, # `summarize` output
                 meta:dict, # how it was measured (model, text, windows, ...), stored beside the rows
                 stem:str|Path, # output path without suffix: writes STEM.md and STEM.json

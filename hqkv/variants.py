@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 import torch
+from fastcore.basics import patch
 from .codec import list_codecs, asked_codec_opts
 from .sizing import CacheLayout, get_geometry, key_format_items
 
@@ -32,6 +33,7 @@ def _layer_formats(spec, kv_format:str, what:str)->tuple:
         out[layer] = fmt
     return tuple(sorted((l, f) for l, f in out.items() if f != kv_format))
 
+# %% ../nbs/50b_variants.ipynb #603548cd
 @dataclass(slots=True, frozen=True)
 class KVVariant:
     "What a run changes against the bf16 oracle: the pages' format, the exact window, the key profile."
@@ -67,27 +69,31 @@ class KVVariant:
         return (self.kv_format + ("+profile" if self.key_profile else "") + w
                 + "".join(f"+k{l}:{f}" for l, f in self.key_formats)
                 + "".join(f"+v{l}:{f}" for l, f in self.value_formats))
-    @classmethod
-    def parse(cls, spec:str)->KVVariant:
-        "Read a `name`: 'FORMAT[+profile][+window[:SINKS:RECENT]][+kLAYER:FORMAT ...]'."
-        form = "'FORMAT[+profile][+window[:SINKS:RECENT]][+kLAYER:FORMAT ...][+vLAYER:FORMAT ...]'"
-        if not isinstance(spec, str) or not spec: raise ValueError(f"a variant is {form}, got {spec!r}")
-        fmt, *opts = spec.split("+")
-        kw, keys, vals = {}, [], []
-        for o in opts:
-            m = re.fullmatch(r"window(?::(\d+):(\d+))?", o)
-            mk = re.fullmatch(r"([kv])(\d+):([A-Za-z0-9_.-]+)", o)
-            if o == "profile" and "key_profile" not in kw: kw["key_profile"] = True
-            elif m and "window" not in kw:
-                kw["window"] = True
-                if m.group(1): kw["sinks"], kw["recent"] = int(m.group(1)), int(m.group(2))
-            elif mk: (keys if mk.group(1) == "k" else vals).append((int(mk.group(2)), mk.group(3)))
-            else: raise ValueError(f"bad option {o!r} in variant {spec!r}: use {form}")
-        return cls(fmt, **kw, key_formats=tuple(keys), value_formats=tuple(vals))
-    def layout(self, layers:tuple, head_dim:int, owner:str="the model")->CacheLayout:
-        "The variant's `CacheLayout` on a model's full-attention layers (its per-layer formats checked against them)."
-        return CacheLayout.of(layers, head_dim, self.kv_format, self.key_formats, self.value_formats, owner)
     def __str__(self): return self.name
+
+# %% ../nbs/50b_variants.ipynb #198cc855
+@patch(cls_method=True)
+def parse(cls:KVVariant, spec:str)->KVVariant:
+    "Read a `name`: 'FORMAT[+profile][+window[:SINKS:RECENT]][+kLAYER:FORMAT ...]'."
+    form = "'FORMAT[+profile][+window[:SINKS:RECENT]][+kLAYER:FORMAT ...][+vLAYER:FORMAT ...]'"
+    if not isinstance(spec, str) or not spec: raise ValueError(f"a variant is {form}, got {spec!r}")
+    fmt, *opts = spec.split("+")
+    kw, keys, vals = {}, [], []
+    for o in opts:
+        m = re.fullmatch(r"window(?::(\d+):(\d+))?", o)
+        mk = re.fullmatch(r"([kv])(\d+):([A-Za-z0-9_.-]+)", o)
+        if o == "profile" and "key_profile" not in kw: kw["key_profile"] = True
+        elif m and "window" not in kw:
+            kw["window"] = True
+            if m.group(1): kw["sinks"], kw["recent"] = int(m.group(1)), int(m.group(2))
+        elif mk: (keys if mk.group(1) == "k" else vals).append((int(mk.group(2)), mk.group(3)))
+        else: raise ValueError(f"bad option {o!r} in variant {spec!r}: use {form}")
+    return cls(fmt, **kw, key_formats=tuple(keys), value_formats=tuple(vals))
+
+@patch
+def layout(self:KVVariant, layers:tuple, head_dim:int, owner:str="the model")->CacheLayout:
+    "The variant's `CacheLayout` on a model's full-attention layers (its per-layer formats checked against them)."
+    return CacheLayout.of(layers, head_dim, self.kv_format, self.key_formats, self.value_formats, owner)
 
 # %% ../nbs/50b_variants.ipynb #605a0553
 # `get_codec` options for evaluating a format: naming tbq3 in an evaluation is asking for it

