@@ -11,7 +11,7 @@ export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install demo test nbtest pytest check-clean docs readme docs-test screenshot chromium bench bench-context bench-engine bench-weights bench-plan bench-serve bench-texts gpu-check kernel-check vllm-check clean
+.PHONY: install demo test nbtest pytest check-clean docs readme docs-test screenshot chromium bench bench-context bench-engine bench-weights bench-plan bench-serve bench-texts gpu-check kernel-check kernel-check-ci vllm-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -121,6 +121,14 @@ gpu-check:
 ## kernels/resources.md + nbs/results/kernel_resources.json; fails naming any configuration that cannot launch
 kernel-check: $(STAMP)
 	TRITON_INTERPRET=0 $(PY) kernels/compile_check.py
+
+## kernel-check-ci: what CI can afford of kernel-check (the whole sweep of every format is over an hour on 2 cores): bf16 and
+## hq-e8-2b over every head-dim width, GQA group and window as before, then every other format and mixed key/value pair
+## at head dims 80 and 256 (q8_0/q4_0: 256), GQA groups 1 and 8; fails naming any configuration that cannot launch
+KC_QUICK = tbq2 tbq3 tbq4 q8_0 q4_0 tbq3/hq-e8-2b hq-e8-2b/tbq2 q8_0/hq-e8-2b tbq4/tbq2
+kernel-check-ci: $(STAMP)
+	TRITON_INTERPRET=0 $(PY) kernels/compile_check.py --format bf16 hq-e8-2b
+	TRITON_INTERPRET=0 $(PY) kernels/compile_check.py --quick --format $(KC_QUICK)
 
 clean:
 	rm -rf _site _docs _proc .pytest_cache
