@@ -6,7 +6,7 @@ Docs: https://hqkv.github.io/hqkv/calibrate.html.md"""
 
 # %% ../nbs/15_calibrate.ipynb #92f2d094
 from __future__ import annotations
-import dataclasses, math, sys, time
+import contextlib, dataclasses, math, sys, time
 from pathlib import Path
 import torch
 from torch import Tensor
@@ -120,6 +120,18 @@ def _capture_attention(module, query, key, value, attention_mask, **kwargs):
     if _RECORDER[0] is not None: _RECORDER[0].record(module.layer_idx, query, key)
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
+@contextlib.contextmanager
+def _attention_as(model, name:str, fn, slot:list, rec):
+    "Run `model` with attention function `fn` registered as `name` (SDPA's mask) and `rec` in `slot`; restored after."
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    AttentionInterface.register(name, fn); AttentionMaskInterface.register(name, sdpa_mask)
+    before = model.config._attn_implementation
+    model.set_attn_implementation(name); slot[0] = rec
+    try: yield rec
+    finally: slot[0] = None; model.set_attn_implementation(before)
+
+# %% ../nbs/15_calibrate.ipynb #2f5ded5f
 def calibrate_hf(model, # a transformers causal LM (`LoadedLM.model`, or one you loaded)
                  token_ids, # 1-D token ids of the calibration text (<bos> first)
                  identity:ModelIdentity|None=None, # default: `hf_identity(model)`
@@ -129,8 +141,7 @@ def calibrate_hf(model, # a transformers causal LM (`LoadedLM.model`, or one you
                  progress:bool|None=None, # report on stderr (None: when the run takes more than 4 chunks)
                 ) -> KeyProfile:
     "Measure a key profile for every full-attention layer of a transformers model, chunk by chunk."
-    from transformers import AttentionInterface, DynamicCache
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers import DynamicCache
     from hqkv.models.identity import hf_identity, text_config
     from hqkv.models.load import geometry_of
     # (this module's class)
@@ -144,12 +155,8 @@ def calibrate_hf(model, # a transformers causal LM (`LoadedLM.model`, or one you
     g, c = geometry_of(model.config, identity.name), text_config(model.config)   # no full-attention layer: ValueError
     N = ids.numel()
     rec = _KeyRecorder(g.attn_ids, N, g.kv_heads, c.num_attention_heads, g.head_dim, skip)
-    AttentionInterface.register(CAPTURE_ATTN, _capture_attention)
-    AttentionMaskInterface.register(CAPTURE_ATTN, sdpa_mask)
-    before, t0 = model.config._attn_implementation, time.perf_counter()
-    show = (N > 4 * chunk) if progress is None else progress
-    model.set_attn_implementation(CAPTURE_ATTN); _RECORDER[0] = rec
-    try:
+    t0, show = time.perf_counter(), (N > 4 * chunk) if progress is None else progress
+    with _attention_as(model, CAPTURE_ATTN, _capture_attention, _RECORDER, rec):
         cache, dev = DynamicCache(config=model.config), next(model.parameters()).device
         with torch.inference_mode():
             for a in range(0, N, chunk):
@@ -158,12 +165,9 @@ def calibrate_hf(model, # a transformers causal LM (`LoadedLM.model`, or one you
                 if show:
                     print(f"calibrate {identity.name}: {rec.pos:,}/{N:,} tokens, {time.perf_counter() - t0:.0f} s",
                           file=sys.stderr, flush=True)
-    finally:
-        _RECORDER[0] = None; model.set_attn_implementation(before)
     q_ms = (rec.q_sq / (N - skip)).to(torch.float32)
     mu, sigma = profile_stats(rec.k, None, mode, skip, clip, floor, q_ms=q_ms)
     return KeyProfile(mu, sigma, identity, g.attn_ids, source, int(N), mode)
-
 
 # %% ../nbs/15_calibrate.ipynb #746af430
 def row_sensitivity(model, # a `Gemma3` or an `hqkv.quality.HFModel`
@@ -228,18 +232,13 @@ def attention_grads(model, # a transformers causal LM
                     seed:int=0,
                    ) -> tuple[dict, dict]: # {layer: (q [Hq,N,D], k [Hkv,N,D], v, scale)}, {layer: [g [N,Hq,D]]}
     "One forward; per sample, the gradient of the drawn tokens' log-likelihood at each layer's attention output."
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-    AttentionInterface.register(PROXY_ATTN, _proxy_attention); AttentionMaskInterface.register(PROXY_ATTN, sdpa_mask)
-    before, params = model.config._attn_implementation, [p for p in model.parameters() if p.requires_grad]
-    rec = _GradRecorder(layers)
+    params = [p for p in model.parameters() if p.requires_grad]
     try:
-        for p in params: p.requires_grad_(False)
-        model.set_attn_implementation(PROXY_ATTN); _GRADS[0] = rec
-        with torch.enable_grad(): grads = _sampled_grads(model, ids, rec, list(layers), score_last, samples, seed)
-        return rec.qkv, grads
+        for p in params: p.requires_grad_(False)                        # gradients at the outputs only
+        rec = _GradRecorder(layers)
+        with _attention_as(model, PROXY_ATTN, _proxy_attention, _GRADS, rec), torch.enable_grad():
+            return rec.qkv, _sampled_grads(model, ids, rec, list(layers), score_last, samples, seed)
     finally:
-        _GRADS[0] = None; model.set_attn_implementation(before)
         for p in params: p.requires_grad_(True)
 
 # %% ../nbs/15_calibrate.ipynb #73d80a35
