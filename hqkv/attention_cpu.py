@@ -1,4 +1,4 @@
-"""Decode attention for CPUs that reads bf16 and coded KV pages in place: a small C++ kernel (AVX2 + FMA, with a portable path) built on first use, the same contract as `paged_decode`.
+"""Decode attention for CPUs that reads bf16 and coded KV pages in place: a small C++ kernel (AVX2 + FMA, integer dot products on AVX-512 VNNI for hq-e8-2b, a portable path) built on first use, the same contract as `paged_decode`.
 
 Docs: https://hqkv.github.io/hqkv/attention.cpu.html.md"""
 
@@ -17,8 +17,23 @@ from .models.identity import cache_dir
 from .attention import ExactWindow, _pair, _check_pages, _check_q, _check_table, _check_int, _check_window
 
 # %% auto #0
-__all__ = ['SOURCE', 'FLAGS', 'ISAS', 'CPU_FORMATS', 'build_dir', 'build', 'lib', 'set_isa', 'cpu_model', 'e8_tables',
-           'cpu_format', 'held_spans', 'DecodePlan', 'paged_decode_cpu', 'paged_prefill_cpu']
+__all__ = ['SOURCE', 'FLAGS', 'ISAS', 'CPU_FORMATS', 'e8_tables', 'build_dir', 'build', 'lib', 'set_isa', 'cpu_model',
+           'cpu_format', 'e8_int8_table', 'integer_keys', 'int8_query', 'held_spans', 'DecodePlan', 'paged_decode_cpu',
+           'paged_prefill_cpu']
+
+# %% ../nbs/34_attention.cpu.ipynb #512fa3f2
+# float32 [256*8 + 256*16]: magnitudes, then per low byte: sign masks (as float bits), signed shifts
+def e8_tables() -> Tensor:
+    "hq-e8-2b decode tables for the kernel: |pattern|, and per low byte the sign masks and the shift with each sign."
+    # coord 0 of |pattern| carries the pattern's parity; coord 0 of a sign mask: the sign bits' parity
+    from hqkv.codec.e8 import E8P_ABS, E8P_PARITY
+    a = E8P_ABS.clone(); a[:, 0] = torch.where(E8P_PARITY.bool(), -a[:, 0], a[:, 0])
+    lo = torch.arange(256)
+    bits = (lo[:, None] >> torch.arange(1, 8)) & 1                              # sign bits of coords 1..7
+    neg = torch.cat([bits.sum(1, keepdim=True) & 1, bits], 1)                   # coord 0: parity of the 7 bits
+    shift = torch.where(lo & 1 == 1, 0.25, -0.25)[:, None]
+    low = torch.cat([(neg.to(torch.int32) << 31).view(torch.float32), torch.where(neg == 1, -shift, shift)], 1)
+    return torch.cat([a.reshape(-1), low.reshape(-1)]).contiguous()
 
 # %% ../nbs/34_attention.cpu.ipynb #afa6e8a2
 SOURCE = "csrc/attention_cpu.cpp"                       # package data of hqkv
@@ -67,30 +82,38 @@ class _Args(ctypes.Structure):
                [("kf", ctypes.POINTER(_Fmt)), ("vf", ctypes.POINTER(_Fmt))]
 
 # %% ../nbs/34_attention.cpu.ipynb #adafc967
-_LIB = None
-ISAS = {"portable": 0, "avx2": 1}
+_LIB, _ISA = None, None
+ISAS = {"portable": 0, "avx2": 1, "avx512": 2}   # avx512: F, BW, VL, DQ and VNNI (hq-e8-2b with integer dots), AVX2 for the rest
 
 def lib() -> ctypes.CDLL:
-    "The built kernels, loaded once (the best instruction set this CPU has is chosen then)."
+    "The built kernels, loaded once (the instruction set is chosen then: `set_isa()`)."
     global _LIB
     if _LIB is None:
         l = ctypes.CDLL(str(build()))
         l.hqkv_cpu_decode.argtypes, l.hqkv_cpu_decode.restype = [ctypes.POINTER(_Args), ctypes.c_void_p], ctypes.c_int
         l.hqkv_cpu_isa.argtypes, l.hqkv_cpu_isa.restype = [ctypes.c_int], ctypes.c_int
-        l.hqkv_cpu_isa(-1)
+        l.hqkv_cpu_e8_init.argtypes, l.hqkv_cpu_e8_int8.argtypes = [ctypes.c_void_p], [ctypes.c_void_p]
+        tab = e8_tables(); l.hqkv_cpu_e8_init(tab.data_ptr())         # the integer kernels' codeword table, built once
         _LIB = l
+        set_isa()
     return _LIB
 
 # %% ../nbs/34_attention.cpu.ipynb #4e2e1811
 def set_isa(name:str|None=None) -> str: # the instruction set now in use
-    "Use the 'avx2' kernels (AVX2 + FMA + F16C), the 'portable' ones, or (None) the best this CPU has."
+    "Use the 'avx512' kernels (AVX-512 VNNI), the 'avx2' ones (AVX2 + FMA + F16C), the 'portable' ones, or (None) $HQKV_CPU_ISA, else the best this CPU has."
+    global _ISA
+    env = name is None and os.environ.get("HQKV_CPU_ISA")
+    name = name or env or None
     want = -1 if name is None else ISAS.get(name)
-    if want is None: raise ValueError(f"unknown instruction set {name!r}; choose one of {', '.join(ISAS)}")
+    if want is None:
+        raise ValueError(f"unknown instruction set {name!r}{' (from $HQKV_CPU_ISA)' if env else ''}; choose one of {', '.join(ISAS)}")
     got = lib().hqkv_cpu_isa(want)
     if got < 0:
-        raise RuntimeError(f"hqkv.attention_cpu: this CPU lacks AVX2, FMA or F16C, which the {name!r} kernels need; "
-                           "use set_isa('portable')")
-    return {v: k for k, v in ISAS.items()}[got]
+        need = "AVX-512 F, BW, VL, DQ and VNNI" if name == "avx512" else "AVX2, FMA and F16C"
+        raise RuntimeError(f"hqkv.attention_cpu: this CPU lacks some of {need}, which the {name!r} kernels need; "
+                           f"use set_isa() for the best it has")
+    _ISA = {v: k for k, v in ISAS.items()}[got]
+    return _ISA
 
 # %% ../nbs/34_attention.cpu.ipynb #85be2fe9
 def cpu_model() -> str: # e.g. 'AMD EPYC 7B13' (the processor name, else the architecture)
@@ -101,20 +124,6 @@ def cpu_model() -> str: # e.g. 'AMD EPYC 7B13' (the processor name, else the arc
             if line.startswith("model name"): return line.split(":", 1)[1].strip()
     except OSError: pass
     return platform.processor() or platform.machine()
-
-# %% ../nbs/34_attention.cpu.ipynb #512fa3f2
-# float32 [256*8 + 256*16]: magnitudes, then per low byte: sign masks (as float bits), signed shifts
-def e8_tables() -> Tensor:
-    "hq-e8-2b decode tables for the kernel: |pattern|, and per low byte the sign masks and the shift with each sign."
-    # coord 0 of |pattern| carries the pattern's parity; coord 0 of a sign mask: the sign bits' parity
-    from hqkv.codec.e8 import E8P_ABS, E8P_PARITY
-    a = E8P_ABS.clone(); a[:, 0] = torch.where(E8P_PARITY.bool(), -a[:, 0], a[:, 0])
-    lo = torch.arange(256)
-    bits = (lo[:, None] >> torch.arange(1, 8)) & 1                              # sign bits of coords 1..7
-    neg = torch.cat([bits.sum(1, keepdim=True) & 1, bits], 1)                   # coord 0: parity of the 7 bits
-    shift = torch.where(lo & 1 == 1, 0.25, -0.25)[:, None]
-    low = torch.cat([(neg.to(torch.int32) << 31).view(torch.float32), torch.where(neg == 1, -shift, shift)], 1)
-    return torch.cat([a.reshape(-1), low.reshape(-1)]).contiguous()
 
 # %% ../nbs/34_attention.cpu.ipynb #705e96e5
 # name -> the kernel's FMT_ id
@@ -142,6 +151,23 @@ def cpu_format(codec:Codec) -> tuple[_Fmt, Tensor|None]:
     if tab is not None: f.tab = tab.data_ptr()
     _FMTS[key] = f, tab
     return f, tab
+
+# %% ../nbs/34_attention.cpu.ipynb #65ef1c95
+def e8_int8_table() -> Tensor:
+    "int8 [65536, 8]: four times every hq-e8-2b codeword's values, the table the integer kernels gather from."
+    out = torch.empty(65536, 8, dtype=torch.int8)
+    lib().hqkv_cpu_e8_int8(out.data_ptr())
+    return out
+
+def integer_keys(codec) -> bool:
+    "Whether the kernels now in use score `codec`'s keys with integer dots (and so round the query to int8)."
+    kc = _pair(codec)[0]
+    return lib() is not None and _ISA == "avx512" and kc.name == "hq-e8-2b" and kc.head_dim % 64 == 0
+
+def int8_query(qr:Tensor) -> Tensor: # qr as the kernels read it
+    "`qr` [..., D] (rotated, scaled) rounded as the integer kernels round it: int8, one scale per row (max |q| / 127)."
+    m = qr.abs().amax(-1, keepdim=True)
+    return torch.round(qr * torch.where(m > 0, 127.0 / m, 0.0)) * (m / 127.0)
 
 # %% ../nbs/34_attention.cpu.ipynb #ec045617
 def held_spans(L:int, # tokens of the sequence (its new token included)
@@ -327,6 +353,7 @@ def paged_prefill_cpu(q:Tensor,
     threads = torch.get_num_threads() if threads is None else threads
     chunk, items = _split(pl, P, threads, chunk)
     qr = kc.rotate(q.float()) * scale
+    if integer_keys(kc): qr = int8_query(qr)                  # the chunk's own part sees the query the kernels see
     kr, vr = kc.rotate(k_new.float()), vc.rotate(v_new.float())
     Gp = _padded_group(max(qo[b + 1] - qo[b] for b in range(B)) * G)
     Q = qr.new_zeros(B, H, Gp, D)

@@ -313,6 +313,103 @@ static void softmax(float* s, int n, int G, float* m, float* l, float* acc, int6
 }  // namespace avx
 #pragma GCC pop_options
 
+// ---------------------------------------------------------------- AVX-512 VNNI path: hq-e8-2b rows as int8, integer key dots
+// 4x a coded value is an integer in -11..11 (|pattern| in {1/2, 3/2, 5/2}, shift +-1/4), so each 16-bit codeword has an exact
+// int8 image: a 65,536 x 8-byte table (512 KiB, resident in L2) turns 8 codewords into 64 int8 values with one gather.
+// Keys: the query is quantized once per call to int8 (one scale per head row) and offset to unsigned (q + 128); vpdpbusd sums
+// (q + 128) k four bytes at a time, and 128 sum(k) (the same for every head) is taken off once per 64 values; one float FMA
+// per 64 values and head applies each lane's quarter scale. Values: the int8 rows are widened to float and accumulated with
+// weights p * scale / 4 (each 16 values share a quarter). As in ggml's IQ2 dots, no value goes through a float lookup table.
+alignas(64) static uint64_t E8_INT8[65536];   // codeword -> 8 x int8: 4x its 8 values (plain C++: built on any CPU)
+static void e8_int8_init(const float* tab) {  // from hqkv.attention_cpu.e8_tables, decoded as decode_row does
+    for (int w = 0; w < 65536; ++w) {
+        const float* t = tab + 2048 + 16 * (w & 255); uint64_t x = 0;
+        for (int j = 0; j < 8; ++j) {
+            float a = tab[8 * (w >> 8) + j] + t[8 + j]; uint32_t u, m; memcpy(&u, &a, 4); memcpy(&m, t + j, 4); u ^= m;
+            float v; memcpy(&v, &u, 4); x |= (uint64_t)(uint8_t)(int8_t)lrintf(4 * v) << (8 * j);
+        }
+        E8_INT8[w] = x;
+    }
+}
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
+namespace v512 {
+// the G heads' int8 queries of one (sequence, KV head): q [G, D] float -> qu [G, D] (round(q / scale) + 128), scale [G],
+// and qf [G, D] = round(q / scale) * scale, the query the window's exact rows are scored with (every key sees the same query)
+static void quantize(const float* q, int64_t G, int64_t D, uint8_t* qu, float* scale, float* qf) {
+    for (int64_t g = 0; g < G; ++g) {
+        const float* x = q + g * D; float m = 0;
+        for (int64_t d = 0; d < D; ++d) m = fmaxf(m, fabsf(x[d]));
+        const float inv = m > 0 ? 127.0f / m : 0.0f; scale[g] = m / 127.0f;
+        for (int64_t d = 0; d < D; ++d) { const float r = nearbyintf(x[d] * inv); qu[g * D + d] = (uint8_t)(r + 128); qf[g * D + d] = r * scale[g]; }
+    }
+}
+
+static inline __m256 fold(__m512 a) { return _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1)); }
+static inline __m512i codes8(const uint8_t* p) {   // 8 codewords -> 64 int8 values
+    return _mm512_i64gather_epi64(_mm512_cvtepu16_epi64(_mm_loadu_si128((const __m128i*)p)), (const long long*)E8_INT8, 8);
+}
+static inline __m256i codes4(const uint8_t* p) {   // 4 codewords -> 32 int8 values
+    return _mm256_i64gather_epi64((const long long*)E8_INT8, _mm256_cvtepu16_epi64(_mm_loadl_epi64((const __m128i*)p)), 8);
+}
+
+// s[g][i] = q_g . k_i for G heads (1, 2, 4, 8), D a multiple of 64: RB = 8/G rows at a time (8 sums share one hadd tree)
+template<int G> static void score(const Fmt& f, const uint8_t* base, int64_t stride, int n, const uint8_t* qu, const float* qscale,
+                                  float* s, float* sc) {
+    constexpr int RB = 8 / G;
+    const int CH = (int)(f.D / 64);
+    avx::E8::prep(base, stride, n, f, sc);
+    const __m512i zero = _mm512_setzero_si512(), ones = _mm512_set1_epi8(1);
+    __m512i lanes[8];                             // per 64 values: lane l -> the quarter of its group
+    for (int ch = 0; ch < CH; ++ch) { alignas(64) int32_t t[16]; for (int l = 0; l < 16; ++l) t[l] = f.blk[8 * ch + l / 2]; lanes[ch] = _mm512_load_si512(t); }
+    for (int i0 = 0; i0 < n; i0 += RB) {
+        const int rb = std::min(RB, n - i0);
+        __m512 acc[8]; __m512 sc4[RB];
+        for (int k = 0; k < 8; ++k) acc[k] = _mm512_setzero_ps();
+        for (int r = 0; r < rb; ++r) sc4[r] = _mm512_broadcast_f32x4(_mm_loadu_ps(sc + 4 * (i0 + r)));
+        for (int ch = 0; ch < CH; ++ch)
+            for (int r = 0; r < rb; ++r) {
+                const __m512i k = codes8(base + (i0 + r) * stride + 16 * ch);
+                const __m512i k128 = _mm512_sub_epi32(zero, _mm512_slli_epi32(_mm512_dpbusd_epi32(zero, ones, k), 7));
+                const __m512 kl = _mm512_permutexvar_ps(lanes[ch], sc4[r]);
+                for (int g = 0; g < G; ++g) {
+                    const __m512i d = _mm512_dpbusd_epi32(k128, _mm512_loadu_si512(qu + g * f.D + 64 * ch), k);
+                    acc[r * G + g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), kl, acc[r * G + g]);
+                }
+            }
+        alignas(32) float t[8];
+        _mm256_store_ps(t, avx::hsum8(fold(acc[0]), fold(acc[1]), fold(acc[2]), fold(acc[3]), fold(acc[4]), fold(acc[5]), fold(acc[6]), fold(acc[7])));
+        for (int r = 0; r < rb; ++r) for (int g = 0; g < G; ++g) s[g * BLK + i0 + r] = 0.25f * qscale[g] * t[r * G + g];
+    }
+}
+
+// acc[g] += sum_i p[g][i] v_i, D a multiple of 64: 32 values (4 codewords) at a time for all rows, the G x 2 accumulators in
+// registers; each 16 values share a quarter, whose scale is folded into the row's weights once (w[i][quarter][g])
+template<int G> static void accum(const Fmt& f, const uint8_t* base, int64_t stride, int n, const float* p, float* acc, float* sc) {
+    avx::E8::prep(base, stride, n, f, sc);
+    alignas(64) float w[BLK * 4 * G];
+    for (int i = 0; i < n; ++i) for (int q = 0; q < 4; ++q) for (int g = 0; g < G; ++g) w[(4 * i + q) * G + g] = 0.25f * p[g * BLK + i] * sc[4 * i + q];
+    for (int c = 0; c < (int)(f.D / 32); ++c) {
+        const int q0 = f.blk[4 * c] * G, q1 = f.blk[4 * c + 2] * G;    // the quarters of values 0-15 and 16-31
+        __m512 a[G][2];
+        for (int g = 0; g < G; ++g) { a[g][0] = _mm512_loadu_ps(acc + g * f.D + 32 * c); a[g][1] = _mm512_loadu_ps(acc + g * f.D + 32 * c + 16); }
+        for (int i = 0; i < n; ++i) {
+            const __m256i v = codes4(base + i * stride + 8 * c);
+            const __m512 v0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(v)));
+            const __m512 v1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(v, 1)));
+            const float* wi = w + 4 * G * i;
+            for (int g = 0; g < G; ++g) {
+                a[g][0] = _mm512_fmadd_ps(_mm512_set1_ps(wi[q0 + g]), v0, a[g][0]);
+                a[g][1] = _mm512_fmadd_ps(_mm512_set1_ps(wi[q1 + g]), v1, a[g][1]);
+            }
+        }
+        for (int g = 0; g < G; ++g) { _mm512_storeu_ps(acc + g * f.D + 32 * c, a[g][0]); _mm512_storeu_ps(acc + g * f.D + 32 * c + 16, a[g][1]); }
+    }
+}
+}  // namespace v512
+#pragma GCC pop_options
+
 // ---------------------------------------------------------------- dispatch
 typedef void (*ScoreFn)(const Fmt&, const uint8_t*, int64_t, int, const float*, float*, float*);
 typedef void (*AccumFn)(const Fmt&, const uint8_t*, int64_t, int, const float*, float*, float*);
@@ -322,27 +419,41 @@ template<class F> static void fill(int kind) {
     SCORE[kind][0] = avx::score<F, 1>; SCORE[kind][1] = avx::score<F, 2>; SCORE[kind][2] = avx::score<F, 4>; SCORE[kind][3] = avx::score<F, 8>;
     ACCUM[kind][0] = avx::accum<F, 1>; ACCUM[kind][1] = avx::accum<F, 2>; ACCUM[kind][2] = avx::accum<F, 4>; ACCUM[kind][3] = avx::accum<F, 8>;
 }
-static int g_isa = -1;                        // 1: AVX2 + FMA + F16C, 0: portable
+static int g_isa = -1;                        // 2: AVX-512 VNNI (hq-e8-2b keys) + AVX2 for the rest, 1: AVX2 + FMA + F16C, 0: portable
 
-extern "C" int hqkv_cpu_isa(int want) {       // want: -1 best available, 0 portable, 1 AVX2 (returns -1 if the CPU lacks it)
+extern "C" void hqkv_cpu_e8_init(const float* tab) { e8_int8_init(tab); }   // once, when the library is loaded
+extern "C" void hqkv_cpu_e8_int8(uint64_t* out) { memcpy(out, E8_INT8, sizeof E8_INT8); }   // the table (for tests)
+
+extern "C" int hqkv_cpu_isa(int want) {       // want: -1 best available, 0 portable, 1 AVX2, 2 AVX-512 (returns -1 if the CPU lacks it)
     __builtin_cpu_init();
     bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-    if (want == 1 && !has) return -1;
-    g_isa = want == -1 ? (has ? 1 : 0) : want;
-    if (g_isa == 1) { fill<avx::BF16>(FMT_BF16); fill<avx::E8>(FMT_E8); fill<avx::Q8>(FMT_Q8_0); fill<avx::Q4>(FMT_Q4_0);
+    bool has512 = has && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")
+                  && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi");
+    if ((want == 1 && !has) || (want == 2 && !has512)) return -1;
+    g_isa = want == -1 ? (has512 ? 2 : has ? 1 : 0) : want;
+    if (g_isa >= 1) { fill<avx::BF16>(FMT_BF16); fill<avx::E8>(FMT_E8); fill<avx::Q8>(FMT_Q8_0); fill<avx::Q4>(FMT_Q4_0);
                       fill<avx::TBQ<4>>(FMT_TBQ4); fill<avx::TBQ<3>>(FMT_TBQ3); fill<avx::TBQ<2>>(FMT_TBQ2); }
     return g_isa;
 }
 
 struct Ctx { std::vector<float> s, tmp, sc; };   // scores [Gp, BLK], a decoded row, per-row scales [BLK, 4]
+typedef void (*IntScoreFn)(const Fmt&, const uint8_t*, int64_t, int, const uint8_t*, const float*, float*, float*);
+static const IntScoreFn SCORE_E8_INT[4] = {v512::score<1>, v512::score<2>, v512::score<4>, v512::score<8>};
+static const AccumFn ACCUM_E8_INT[4] = {v512::accum<1>, v512::accum<2>, v512::accum<4>, v512::accum<8>};
+static bool int_keys(const Fmt& kf) { return g_isa == 2 && kf.kind == FMT_E8 && kf.D % 64 == 0; }
+static bool int_values(const Fmt& vf) { return g_isa == 2 && vf.kind == FMT_E8 && vf.D % 64 == 0; }
+
+// qu, qs: the int8 query and its scales (int_keys only)
 static void block(Ctx& cx, const Fmt& kf, const Fmt& vf, const uint8_t* kb, int64_t ks, const uint8_t* vb, int64_t vs, int n,
-                  const float* q, int64_t G, int64_t D, float* m, float* l, float* acc) {
+                  const float* q, const uint8_t* qu, const float* qs, int64_t G, int64_t D, float* m, float* l, float* acc) {
     float* s = cx.s.data();
-    if (g_isa == 1) {
+    if (g_isa >= 1) {
         int gi = G == 1 ? 0 : G == 2 ? 1 : G == 4 ? 2 : 3;
-        for (int64_t g0 = 0; g0 < G; g0 += 8) SCORE[kf.kind][gi](kf, kb, ks, n, q + g0 * D, s + g0 * BLK, cx.sc.data());
+        for (int64_t g0 = 0; g0 < G; g0 += 8)
+            if (qu && int_keys(kf)) SCORE_E8_INT[gi](kf, kb, ks, n, qu + g0 * D, qs + g0, s + g0 * BLK, cx.sc.data());
+            else SCORE[kf.kind][gi](kf, kb, ks, n, q + g0 * D, s + g0 * BLK, cx.sc.data());
         avx::softmax(s, n, (int)G, m, l, acc, D);
-        for (int64_t g0 = 0; g0 < G; g0 += 8) ACCUM[vf.kind][gi](vf, vb, vs, n, s + g0 * BLK, acc + g0 * D, cx.sc.data());
+        for (int64_t g0 = 0; g0 < G; g0 += 8) (int_values(vf) ? ACCUM_E8_INT : ACCUM[vf.kind])[gi](vf, vb, vs, n, s + g0 * BLK, acc + g0 * D, cx.sc.data());
     } else {
         score_scalar(kf, kb, ks, n, q, (int)G, s, cx.tmp.data());
         softmax_scalar(s, n, (int)G, m, l, acc, D);
@@ -378,7 +489,8 @@ static Blk next_block(const Args& a, const Fmt* wf, int64_t b, int64_t p, int64_
 
 // positions [p0, p1) of sequence b for every KV head: a block's rows of all heads are contiguous, so heads are the inner loop
 // (the kernels prefetch a few rows ahead of the one they read)
-static void item(const Args& a, Ctx& cx, int64_t b, int64_t p0, int64_t p1, float* w) {
+// qu, qs, qf: the int8 queries, their scales and the rounded float queries (integer keys), else null
+static void item(const Args& a, Ctx& cx, int64_t b, int64_t p0, int64_t p1, float* w, const uint8_t* qu, const float* qs, const float* qf) {
     const int64_t H = a.H, D = a.D, G = a.Gp, W = G * (D + 2);
     Fmt wf; memset(&wf, 0, sizeof wf); wf.kind = FMT_BF16; wf.D = D; wf.row_bytes = 2 * D; wf.nsb = 1; wf.sb[1] = (int32_t)(D / 8);
     for (int64_t h = 0; h < H; ++h) {
@@ -393,7 +505,7 @@ static void item(const Args& a, Ctx& cx, int64_t b, int64_t p0, int64_t p1, floa
         for (int64_t h = 0; h < H; ++h) {
             float* wh = w + h * W;
             block(cx, *cur.kf, *cur.vf, cur.kb + h * cur.kh, cur.kh * H, cur.vb + h * cur.vh, cur.vh * H, (int)cur.n,
-                  a.q + (b * H + h) * G * D, G, D, wh, wh + G, wh + 2 * G);
+                  (qf ? qf : a.q) + (b * H + h) * G * D, qu ? qu + (b * H + h) * G * D : nullptr, qu ? qs + (b * H + h) * G : nullptr, G, D, wh, wh + G, wh + 2 * G);
         }
         p = pn; if (p < p1) cur = next_block(a, &wf, b, p, p1);
     }
@@ -410,14 +522,20 @@ extern "C" int hqkv_cpu_decode(const Args* ap, float* work) {   // work: [items,
     std::vector<int64_t> first(a.B + 1, 0);   // items of sequence b: first[b] .. first[b+1]-1, one per split
     for (int64_t b = 0; b < a.B; ++b) { int64_t L = a.spans[4 * b]; first[b + 1] = first[b] + std::max<int64_t>(1, (L + a.chunk - 1) / a.chunk); }
     const int64_t items = first[a.B];
+    const bool quant = int_keys(kf);            // the int8 query of every (sequence, KV head), once per call
+    std::vector<uint8_t> qu(quant ? a.B * H * G * D : 0); std::vector<float> qs(quant ? a.B * H * G : 0), qf(quant ? a.B * H * G * D : 0);
     #pragma omp parallel num_threads((int)a.threads) if (a.threads > 1)
     {
         Ctx cx; cx.s.assign(G * BLK, 0.f); cx.tmp.assign(D, 0.f); cx.sc.assign(4 * BLK, 0.f);
+        if (quant) {
+            #pragma omp for schedule(static)
+            for (int64_t bh = 0; bh < a.B * H; ++bh) v512::quantize(a.q + bh * G * D, G, D, qu.data() + bh * G * D, qs.data() + bh * G, qf.data() + bh * G * D);
+        }
         #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; ++it) {
             int64_t b = std::upper_bound(first.begin(), first.end(), it) - first.begin() - 1, j = it - first[b];
             int64_t L = a.spans[4 * b], p0 = j * a.chunk, p1 = std::min(L, p0 + a.chunk);
-            item(a, cx, b, p0, p1, work + it * H * W);
+            item(a, cx, b, p0, p1, work + it * H * W, quant ? qu.data() : nullptr, qs.data(), quant ? qf.data() : nullptr);
         }
         #pragma omp for schedule(static)
         for (int64_t bh = 0; bh < a.B * H; ++bh) {  // merge the splits of (b, h) by log-sum-exp
