@@ -10,7 +10,7 @@ import os
 import torch
 from .codec import codec_class
 from .models.load import LoadedLM, load_causal_lm
-from .models.weights import Int4Linear, Int8Linear, quantize_weights
+from .models.weights import Bf16Linear, Int4Linear, Int8Linear, quantize_weights
 from .settings import _DTYPES
 
 # %% auto #0
@@ -38,7 +38,7 @@ def memory_bytes(device:str) -> int:
 
 # %% ../nbs/41e_model_cache.ipynb #07a2ab37
 def load_model(spec:str, dtype:str="float32", device:str="cpu",
-               # engine.weights: 'int8'/'int4' ('auto': int8 where it applies) is a copy with quantized linear layers
+               # engine.weights: 'int8'/'int4'/'bf16' ('auto': int8 where it applies) is a copy with quantized linear layers
                # (`hqkv.models.weights`)
                weights:str="fp32") -> LoadedLM:
     "The model `model.path` names, loaded once per process and weights setting (`hqkv.models.load.load_causal_lm`)."
@@ -46,7 +46,7 @@ def load_model(spec:str, dtype:str="float32", device:str="cpu",
     key = (str(spec), dtype, str(torch.device(device)), weights)
     if key not in _MODELS:
         lm = load_causal_lm(spec, _DTYPES[dtype], device)
-        # fp32: as loaded; int8/int4 where they cannot apply: ValueError; auto: int8 where it applies
+        # fp32: as loaded; int8/int4/bf16 where they cannot apply: ValueError; auto: int8 where it applies
         quantize_weights(lm.model, weights)
         _MODELS[key] = lm
     return _MODELS[key]
@@ -59,7 +59,9 @@ def _weights_fit(setting:str, held:str) -> bool:
 def weights_of(lm:LoadedLM) -> str:
     "The engine.weights setting a loaded model is in."
     kinds = {type(m) for m in lm.model.modules()}
-    return "int4" if Int4Linear in kinds else "int8" if Int8Linear in kinds else "fp32"
+    for cls, name in ((Int4Linear, "int4"), (Bf16Linear, "bf16"), (Int8Linear, "int8")):
+        if cls in kinds: return name
+    return "fp32"
 
 # %% ../nbs/41e_model_cache.ipynb #cb489512
 # turn ends of the chat templates hqkv knows

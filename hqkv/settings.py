@@ -73,7 +73,8 @@ SETTINGS = (
             "model weights and activations: float32, bfloat16 or float16"),
     Setting("weights", "engine.weights", "str", "auto", "--weights",
             "the linear layers' weights: int8 (one scale per 32 weights; float32 models on CPU), int4 (ggml's Q4_1: "
-            "half int8's bytes, coarser), fp32 (as loaded) or auto (int8 where it applies)"),
+            "half int8's bytes, coarser), bf16 (CPUs with native bf16 dot products), fp32 (as loaded) or auto "
+            "(int8 where it applies)"),
     Setting("attn", "engine.attn", "str", None, "--attn",
             "attention backend: gather, ref, triton or cpu (none: picked per device)", optional=True),
     Setting("key_profile", "kv.key_profile", "str", "auto", "--key-profile",

@@ -100,3 +100,22 @@ def test_generate_refuses_bad_prompts_and_devices_by_name(tmp_path):
         assert r.returncode == 2 and "has no CUDA device" in r.stderr and "Traceback" not in r.stderr, r.stderr
     r = hqkv("generate", "hi", "--budget", "900T", "--context", "256")
     assert r.returncode == 2 and "bytes of memory in all" in r.stderr, r.stderr
+
+def test_bf16_weights_where_the_cpu_multiplies_bf16_and_refused_by_name_elsewhere(tmp_path):
+    "engine.weights=bf16: `hqkv generate` runs it on a CPU with native bf16 dot products; without them (the probe stood in for) it is refused by name, before any change."
+    from unittest import mock
+    from hqkv.engine import load_model
+    from hqkv.models import weights
+    from hqkv.models.load import write_tiny_model
+    d = write_tiny_model(tmp_path / "tiny", arch="gemma3")
+    with mock.patch.object(weights, "native_bf16", lambda: False):
+        with pytest.raises(ValueError, match=r"engine.weights=bf16: bf16 weights need a CPU with native bf16 dot products \(AVX512-BF16\)"):
+            load_model(str(d), weights="bf16")
+    r = hqkv("generate", "In the beginning God created", "--max-tokens", "3", "--weights", "bf16", "--format", "bf16",
+             "--budget", "1Ktok", "--context", "256", "--json")
+    if not weights.native_bf16():
+        assert r.returncode == 2 and "bf16 weights need a CPU with native bf16 dot products" in r.stderr, r.stderr
+        return
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["config"]["engine.weights"] == "bf16" and j["vram_plan"].endswith(" weights=bf16") and len(j["tokens"]) == 3

@@ -1,10 +1,11 @@
-// hqkv CPU linear layers with int8 or int4 weights: y[m, n] = sum_k x[m, k] * w[n, k] * s[n, k / 32].
+// hqkv CPU linear layers with int8, int4 or bf16 weights: y[m, n] = sum_k x[m, k] * w[n, k] * s[n, k / 32].
 // Built on first use by hqkv.models.weights (nbs/16a_models.weights.ipynb: the maths, the tests and the
 // measurements live there). A decode step reads every weight once, so the product is bound by memory.
 // int8: the weights (one float32 scale per 32 of a row, as ggml's Q8_0) are widened to float32 in registers,
 // 8 at a time, against float32 activations. int4 (ggml's Q4_1: w = d q + m, q in 0..15, a float32 scale and min
 // per 32): the activations are quantized once per call to int8 per block of 32 and the products are integer
-// (u8 x s8 pairs summed by maddubs), one float multiply-add per block. A few activation rows share each weight row.
+// (u8 x s8 pairs summed by maddubs), one float multiply-add per block. bf16 (on CPUs with AVX512-BF16 only): the activations rounded
+// to bf16 once per call, native bf16 dot products summed in float32. A few activation rows share each weight row.
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
@@ -126,6 +127,52 @@ template<int MT> static void rows4(const XQ& xq, int64_t m0, int64_t K, const ui
 }  // namespace avx
 #pragma GCC pop_options
 
+// ---------------------------------------------------------------- bf16
+// weights bf16 [N, K]; the activations rounded to bf16 once per call (to nearest even, as torch's .bfloat16()), zero-padded to a
+// multiple of 32; per weight row and 32 values one native bf16 dot product (vdpbf16ps: pairs multiplied and summed into float32)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512bf16")   // avx2,fma too: immintrin.h was included under those
+#include <immintrin.h>
+namespace bf {
+static void round_x(const float* x, int64_t M, int64_t K, int64_t Kp, uint16_t* o) {
+    for (int64_t m = 0; m < M; ++m)
+        for (int64_t k = 0; k < Kp; k += 32) {
+            const int64_t left = K - k;
+            const __mmask16 lo = left >= 16 ? 0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+            const __mmask16 hi = left >= 32 ? 0xFFFF : left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : 0;
+            const __m512 a = _mm512_maskz_loadu_ps(lo, x + m * K + k), b = _mm512_maskz_loadu_ps(hi, x + m * K + k + 16);
+            _mm512_storeu_si512((void*)(o + m * Kp + k), (__m512i)_mm512_cvtne2ps_pbh(b, a));   // a -> low half, b -> high
+        }
+}
+// MT activation rows (xb: bf16 [MT, Kp]) against weight rows [n0, n1); CH accumulators per activation row
+template<int MT> static void rows(const uint16_t* xb, int64_t K, int64_t Kp, const uint16_t* w, int64_t n0, int64_t n1, int64_t N, float* y) {
+    constexpr int CH = MT == 1 ? 4 : MT == 2 ? 2 : 1;
+    for (int64_t n = n0; n < n1; ++n) {
+        const uint16_t* wn = w + n * K;
+        if (n + 2 < n1) for (int64_t o = 0; o < K; o += 32) _mm_prefetch((const char*)(wn + 2 * K + o), _MM_HINT_T0);
+        __m512 a[MT][CH];
+        for (int m = 0; m < MT; ++m) for (int c = 0; c < CH; ++c) a[m][c] = _mm512_setzero_ps();
+        int64_t k = 0, c = 0;
+        for (; k + 32 <= K; k += 32, ++c) {
+            const __m512bh wv = (__m512bh)_mm512_loadu_si512((const void*)(wn + k));
+            for (int m = 0; m < MT; ++m)
+                a[m][c % CH] = _mm512_dpbf16_ps(a[m][c % CH], (__m512bh)_mm512_loadu_si512((const void*)(xb + m * Kp + k)), wv);
+        }
+        if (k < K) {                                  // the tail: a masked load of the weights, the activations are zero-padded
+            const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16((__mmask32)((1ull << (K - k)) - 1), wn + k);
+            for (int m = 0; m < MT; ++m)
+                a[m][0] = _mm512_dpbf16_ps(a[m][0], (__m512bh)_mm512_loadu_si512((const void*)(xb + m * Kp + k)), wv);
+        }
+        for (int m = 0; m < MT; ++m) {
+            __m512 t = a[m][0];
+            for (int c2 = 1; c2 < CH; ++c2) t = _mm512_add_ps(t, a[m][c2]);
+            y[m * N + n] = _mm512_reduce_add_ps(t);
+        }
+    }
+}
+}  // namespace bf
+#pragma GCC pop_options
+
 static int g_isa = -1;                        // 1: AVX2 + FMA, 0: portable
 
 extern "C" int hqkv_linear_isa(int want) {    // want: -1 best available, 0 portable, 1 AVX2 (returns -1 if the CPU lacks it)
@@ -190,6 +237,32 @@ extern "C" int hqkv_linear_dequant(const void* w, const float* s, const float* m
         for (int64_t g = 0; g < K / GS; ++g)
             for (int j = 0; j < 16; ++j) { const uint8_t b = wn[16 * g + j];
                 const float m = mn[n * (K / GS) + g]; o[g * GS + j] = (float)(b & 15) * sn[g] + m; o[g * GS + j + 16] = (float)(b >> 4) * sn[g] + m; }
+    }
+    return 0;
+}
+
+extern "C" int hqkv_linear_has_bf16() {       // 1: the CPU has native bf16 dot products (AVX512-BF16), which hqkv_linear_bf16 needs
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") ? 1 : 0;
+}
+
+// x [M, K] float32, w [N, K] bf16, y [M, N] float32 (float32 sums of the bf16 products; any K); 2: the CPU has no native bf16
+extern "C" int hqkv_linear_bf16(const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t N, float* y, int64_t threads) {
+    if (!hqkv_linear_has_bf16()) return 2;
+    const int64_t Kp = (K + 31) / 32 * 32;
+    std::vector<uint16_t> xb(M * Kp);
+    bf::round_x(x, M, K, Kp, xb.data());      // once per call, shared by every thread
+    const int64_t NB = 16;
+    const int64_t items = (N + NB - 1) / NB;
+    #pragma omp parallel for schedule(static) num_threads((int)threads) if (threads > 1)
+    for (int64_t it = 0; it < items; ++it) {
+        const int64_t n0 = it * NB, n1 = std::min(N, n0 + NB);
+        for (int64_t m0 = 0; m0 < M; ) {
+            const int64_t left = M - m0; const uint16_t* xm = xb.data() + m0 * Kp; float* ym = y + m0 * N;
+            if (left >= 4) { bf::rows<4>(xm, K, Kp, w, n0, n1, N, ym); m0 += 4; }
+            else if (left >= 2) { bf::rows<2>(xm, K, Kp, w, n0, n1, N, ym); m0 += 2; }
+            else { bf::rows<1>(xm, K, Kp, w, n0, n1, N, ym); m0 += 1; }
+        }
     }
     return 0;
 }

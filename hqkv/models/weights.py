@@ -9,17 +9,19 @@ from __future__ import annotations
 import ctypes
 import torch
 from torch import Tensor, nn
-from ..attention_cpu import build
+from ..attention_cpu import build, cpu_model
 
 # %% auto #0
-__all__ = ['WEIGHTS', 'GROUP', 'DIRECT_ROWS', 'quantize_int8', 'linear_int8', 'quantize_int4', 'dequantize_int4', 'linear_int4',
-           'Int8Linear', 'Int4Linear', 'weight_bytes', 'int8_refusal', 'int4_keeps', 'quantize_weights']
+__all__ = ['WEIGHTS', 'GROUP', 'DIRECT_ROWS', 'BF16_DIRECT_ROWS', 'quantize_int8', 'linear_int8', 'quantize_int4',
+           'dequantize_int4', 'linear_int4', 'Int8Linear', 'Int4Linear', 'native_bf16', 'linear_bf16', 'Bf16Linear',
+           'weight_bytes', 'int8_refusal', 'bf16_refusal', 'int4_keeps', 'HeadEmbedding', 'quantize_weights']
 
 # %% ../../nbs/16a_models.weights.ipynb #a4cf0c34
-# engine.weights (auto: int8 where it applies, `int8_refusal`; int4: where `int4_keeps`, else int8)
-WEIGHTS = ("auto", "fp32", "int8", "int4")
+# engine.weights (auto: int8 where it applies, `int8_refusal`; int4: where `int4_keeps`, else int8; bf16: `bf16_refusal`)
+WEIGHTS = ("auto", "fp32", "bf16", "int8", "int4")
 GROUP = 32                   # weights per scale
 DIRECT_ROWS = 32             # up to this many activation rows the kernels read the int8 / int4 weights directly
+BF16_DIRECT_ROWS = 8         # bf16: up to this many the kernel, beyond torch's bf16 product (oneDNN)
 
 _LIB = None
 def _lib() -> ctypes.CDLL:
@@ -31,19 +33,25 @@ def _lib() -> ctypes.CDLL:
         l.hqkv_linear_int4.argtypes, l.hqkv_linear_int4.restype = [P, I, I, P, P, P, I, P, I], ctypes.c_int
         l.hqkv_linear_dequant.argtypes, l.hqkv_linear_dequant.restype = [P, P, P, I, I, I, P, I, I], ctypes.c_int
         l.hqkv_linear_isa.argtypes, l.hqkv_linear_isa.restype = [ctypes.c_int], ctypes.c_int
+        l.hqkv_linear_bf16.argtypes, l.hqkv_linear_bf16.restype = [P, I, I, P, I, P, I], ctypes.c_int
+        l.hqkv_linear_has_bf16.argtypes, l.hqkv_linear_has_bf16.restype = [], ctypes.c_int
         l.hqkv_linear_isa(-1)
         _LIB = l
     return _LIB
 
 # %% ../../nbs/16a_models.weights.ipynb #b1e2c3d4
 def quantize_int8(w:Tensor, # float [N, K], K a multiple of `GROUP`
+                  rows:int=16384, # rows at a time (bounds the float32 temporaries of a large head)
                  ) -> tuple[Tensor, Tensor]: # int8 [N, K], float32 scales [N, K // GROUP]
     "Symmetric int8 per group of `GROUP` weights of a row: scale = max|w| / 127."
     N, K = w.shape
     if K % GROUP: raise ValueError(f"int8 weights need rows whose length is a multiple of {GROUP}, got {K}")
-    g = w.detach().float().reshape(N, K // GROUP, GROUP)
-    s = (g.abs().amax(-1) / 127).clamp_min(torch.finfo(torch.float32).tiny)
-    return torch.round(g / s[..., None]).clamp(-127, 127).to(torch.int8).reshape(N, K).contiguous(), s.contiguous()
+    q, s = torch.empty(N, K, dtype=torch.int8, device=w.device), torch.empty(N, K // GROUP, device=w.device)
+    for a in range(0, N, rows):
+        g = w[a:a + rows].detach().float().reshape(-1, K // GROUP, GROUP)
+        s[a:a + rows] = (g.abs().amax(-1) / 127).clamp_min(torch.finfo(torch.float32).tiny)
+        q[a:a + rows] = torch.round(g / s[a:a + rows, :, None]).clamp(-127, 127).to(torch.int8).reshape(-1, K)
+    return q, s
 
 # %% ../../nbs/16a_models.weights.ipynb #fa798adc
 def linear_int8(x:Tensor, # float32 [M, K]
@@ -126,6 +134,8 @@ class Int8Linear(nn.Module):
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float(), requires_grad=False)
     def _store(self, w): q, s = quantize_int8(w); self.register_buffer("weight_q", q); self.register_buffer("scales", s)
     def _mm(self, x): return _linear(x, self.weight_q, self.scales, 8)
+    def rows(self, ids:Tensor) -> Tensor: # float32 [*ids.shape, in_features]: the weights' rows `ids` (a tied embedding's)
+        return (self.weight_q[ids].float().unflatten(-1, (-1, GROUP)) * self.scales[ids][..., None]).flatten(-2)
     def forward(self, x:Tensor) -> Tensor:
         if x.device.type != "cpu" or self.weight_q.device.type != "cpu":
             raise ValueError(f"{type(self).__name__} runs on CPU, got an input on {x.device}")
@@ -144,6 +154,52 @@ class Int4Linear(Int8Linear):
         q, s, m = quantize_int4(w)
         self.register_buffer("weight_q", q); self.register_buffer("scales", s); self.register_buffer("mins", m)
     def _mm(self, x): return _linear(x, self.weight_q, self.scales, 4, self.mins)
+    def rows(self, ids:Tensor) -> Tensor:
+        q, s, m = (t[ids].flatten(0, -2) for t in (self.weight_q, self.scales, self.mins))
+        return dequantize_int4(q, s, m).reshape(*ids.shape, self.in_features)
+
+# %% ../../nbs/16a_models.weights.ipynb #4b996dd6
+def native_bf16() -> bool:
+    "True when this CPU has native bf16 dot products (AVX512-BF16), which bf16 weights need."
+    return bool(_lib().hqkv_linear_has_bf16())
+
+def _no_bf16() -> str:
+    return (f"bf16 weights need a CPU with native bf16 dot products (AVX512-BF16) and this one ({cpu_model()}) "
+            "has none: its bf16 products would be emulated, slower than float32 weights")
+
+# %% ../../nbs/16a_models.weights.ipynb #a751b5d4
+def linear_bf16(x:Tensor, # float32 [M, K]
+                w:Tensor, # bfloat16 [N, K]
+               ) -> Tensor: # float32 [M, N]
+    "The product with bf16 weights (native bf16 CPUs): the kernel up to `BF16_DIRECT_ROWS` rows, else torch's bf16 `mm`."
+    M, K = x.shape; N = w.shape[0]
+    if w.dtype != torch.bfloat16 or x.dtype != torch.float32:
+        raise TypeError(f"linear_bf16 takes float32 x and bfloat16 w, got {x.dtype}, {w.dtype}")
+    if w.shape != (N, K): raise ValueError(f"linear_bf16: x {tuple(x.shape)} and w {tuple(w.shape)} do not fit")
+    if not all(t.device.type == "cpu" and t.is_contiguous() for t in (x, w)):
+        raise ValueError("linear_bf16 takes contiguous CPU tensors")
+    if not native_bf16(): raise RuntimeError(_no_bf16())
+    return _linear_bf16(x, w)
+
+def _linear_bf16(x, w):
+    if len(x) > BF16_DIRECT_ROWS: return torch.mm(x.bfloat16(), w.T).float()
+    y = torch.empty(len(x), len(w))
+    if _lib().hqkv_linear_bf16(x.data_ptr(), *x.shape, w.data_ptr(), len(w), y.data_ptr(), torch.get_num_threads()):
+        raise RuntimeError(_no_bf16())
+    return y
+
+# %% ../../nbs/16a_models.weights.ipynb #41005d8a
+class Bf16Linear(Int8Linear):
+    "An `nn.Linear` whose weight is bf16, run by `linear_bf16` (CPUs with native bf16 dot products only)."
+    bits = 16
+    def __init__(self, linear:nn.Linear):
+        if not native_bf16(): raise RuntimeError(_no_bf16())
+        super().__init__(linear)
+    def _store(self, w): self.register_buffer("weight_q", w.to(torch.bfloat16).contiguous())
+    def _mm(self, x): return _linear_bf16(x, self.weight_q)
+    def rows(self, ids:Tensor) -> Tensor: return self.weight_q[ids].float()
+    def extra_repr(self):
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, bf16"
 
 # %% ../../nbs/16a_models.weights.ipynb #9117bd18
 def weight_bytes(model:nn.Module) -> int:
@@ -169,6 +225,14 @@ def int8_refusal(model:nn.Module) -> str|None: # None: int8 (and int4) weights a
         return (f"int8 and int4 weights need linear layers whose input size is a multiple of {GROUP}; "
                 f"{', '.join(bad[:3])} are not")
 
+def bf16_refusal(model:nn.Module) -> str|None: # None: bf16 weights apply
+    "Why `model`'s linear layers cannot be bf16 (a sentence), or None."
+    p = next(model.parameters())
+    if p.device.type != "cpu" or p.dtype != torch.float32:
+        return (f"bf16 weights are for float32 models on CPU (engine.dtype=bfloat16 runs the whole model in bf16), "
+                f"this one is {p.dtype} on {p.device}")
+    return None if native_bf16() else _no_bf16()
+
 # %% ../../nbs/16a_models.weights.ipynb #eea7127d
 def int4_keeps(w:Tensor, # float [N, K]
                rows:int=16384) -> bool: # rows at a time (bounds the float32 copies of a large head)
@@ -181,18 +245,65 @@ def int4_keeps(w:Tensor, # float [N, K]
         e4 += float((dequantize_int4(*quantize_int4(x)) - x).pow(2).sum())
     return e4 <= e8
 
+# %% ../../nbs/16a_models.weights.ipynb #05b83131
+class HeadEmbedding(nn.Module):
+    "An input embedding that reads its rows from the quantized output head it was tied to, dequantizing only those."
+    def __init__(self, emb:nn.Embedding, # the float32 embedding, equal to the head's weights (dropped)
+                 head:Int8Linear, # the head, quantized (`Int8Linear`, `Int4Linear` or `Bf16Linear`)
+                ):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = head.out_features, head.in_features
+        self.head = (head,)                        # not a submodule: the model's head owns the buffers
+        s = getattr(emb, "embed_scale", None)      # Gemma's: sqrt(hidden size)
+        self.register_buffer("embed_scale", None if s is None else s.detach().clone(), persistent=False)
+    def forward(self, ids:Tensor) -> Tensor:
+        x = self.head[0].rows(ids)
+        return x if self.embed_scale is None else x * self.embed_scale.to(x.dtype)
+    def extra_repr(self): return f"{self.num_embeddings}, {self.embedding_dim}, rows of the {type(self.head[0]).__name__} head"
+
+# %% ../../nbs/16a_models.weights.ipynb #a000d8e2
+def _tied_embedding(model:nn.Module) -> nn.Embedding|None:
+    "The input embedding where it is the output head's weights (tied or equal) and looks up `weight[ids] * embed_scale`."
+    if not (hasattr(model, "get_input_embeddings") and hasattr(model, "get_output_embeddings")): return None
+    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if not (isinstance(emb, nn.Embedding) and type(head) is nn.Linear and emb.max_norm is None
+            and emb.weight.shape == head.weight.shape): return None
+    if emb.weight.data_ptr() != head.weight.data_ptr() and not torch.equal(emb.weight, head.weight): return None
+    ids, s = torch.tensor([0, emb.num_embeddings - 1], device=emb.weight.device), getattr(emb, "embed_scale", None)
+    with torch.no_grad():
+        rows = emb.weight[ids] if s is None else emb.weight[ids] * s.to(emb.weight.dtype)
+        return emb if torch.equal(emb(ids), rows) else None
+
+# %% ../../nbs/16a_models.weights.ipynb #1d854d33
+def _own_memory(model:nn.Module):
+    "Copy the tensors left as loaded (norms, biases, an untied embedding), so that the model holds no view of its file."
+    # transformers maps a safetensors file: while one norm's bytes are a view of it, the whole file stays resident
+    seen = set()
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, (Int8Linear, HeadEmbedding)): continue      # buffers of their own (Bf16Linear, Int4Linear too)
+            for t in (*m._parameters.values(), *m._buffers.values()):
+                if t is not None and id(t) not in seen: seen.add(id(t)); t.data = t.data.clone()
+
 # %% ../../nbs/16a_models.weights.ipynb #707ee3f6
 def quantize_weights(model:nn.Module, # a float32 model on CPU, changed in place
                      weights:str="int8", # one of `WEIGHTS`
                     ) -> nn.Module:
-    "Every `nn.Linear` of `model` (the output head too) in the `weights` format; embeddings and norms stay float32."
+    "Every `nn.Linear` of `model` (the output head too) in the `weights` format; an embedding tied to the head reads its rows."
     # auto: int8 where `int8_refusal` has nothing against it, else as loaded
-    # int4: int4 where `int4_keeps` it, else int8
+    # int4: int4 where `int4_keeps` it, else int8; bf16: where `bf16_refusal` has nothing against it
+    # other embeddings and the norms stay float32
     if weights not in WEIGHTS: raise ValueError(f"engine.weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
     if weights == "fp32": return model
-    why = int8_refusal(model)
+    why = bf16_refusal(model) if weights == "bf16" else int8_refusal(model)
     if why and weights == "auto": return model
-    if why: raise ValueError(f"engine.weights={weights}: {why}: use engine.weights=fp32 (or auto)")
-    for m, n, c, _ in _linears(model):
-        setattr(m, n, (Int4Linear if weights == "int4" and int4_keeps(c.weight) else Int8Linear)(c))
+    if why: raise ValueError(f"engine.weights={weights}: {why}: use engine.weights=auto or fp32")
+    emb = _tied_embedding(model)
+    for m, n, c, _ in _linears(model): setattr(m, n, _linear_class(weights, c)(c))
+    if emb is not None: model.set_input_embeddings(HeadEmbedding(emb, model.get_output_embeddings()))
+    _own_memory(model)
     return model
+
+def _linear_class(weights, c:nn.Linear):
+    if weights == "bf16": return Bf16Linear
+    return Int4Linear if weights == "int4" and int4_keeps(c.weight) else Int8Linear
