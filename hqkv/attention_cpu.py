@@ -83,7 +83,8 @@ class _Args(ctypes.Structure):
 
 # %% ../nbs/34_attention.cpu.ipynb #adafc967
 _LIB, _ISA = None, None
-ISAS = {"portable": 0, "avx2": 1, "avx512": 2}   # avx512: F, BW, VL, DQ and VNNI (hq-e8-2b with integer dots), AVX2 for the rest
+# avx512: F, BW, VL, DQ and VNNI (hq-e8-2b with integer dots), AVX2 for the rest
+ISAS = {"portable": 0, "avx2": 1, "avx512": 2}
 
 def lib() -> ctypes.CDLL:
     "The built kernels, loaded once (the instruction set is chosen then: `set_isa()`)."
@@ -100,13 +101,14 @@ def lib() -> ctypes.CDLL:
 
 # %% ../nbs/34_attention.cpu.ipynb #4e2e1811
 def set_isa(name:str|None=None) -> str: # the instruction set now in use
-    "Use the 'avx512' kernels (AVX-512 VNNI), the 'avx2' ones (AVX2 + FMA + F16C), the 'portable' ones, or (None) $HQKV_CPU_ISA, else the best this CPU has."
+    "Use the 'avx512' (AVX-512 VNNI), 'avx2' (AVX2, FMA, F16C) or 'portable' kernels; None: $HQKV_CPU_ISA or the best"
     global _ISA
     env = name is None and os.environ.get("HQKV_CPU_ISA")
     name = name or env or None
     want = -1 if name is None else ISAS.get(name)
     if want is None:
-        raise ValueError(f"unknown instruction set {name!r}{' (from $HQKV_CPU_ISA)' if env else ''}; choose one of {', '.join(ISAS)}")
+        src = " (from $HQKV_CPU_ISA)" if env else ""
+        raise ValueError(f"unknown instruction set {name!r}{src}; choose one of {', '.join(ISAS)}")
     got = lib().hqkv_cpu_isa(want)
     if got < 0:
         need = "AVX-512 F, BW, VL, DQ and VNNI" if name == "avx512" else "AVX2, FMA and F16C"
