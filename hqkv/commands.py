@@ -172,8 +172,8 @@ def _eval_setup(p:argparse.ArgumentParser):
 
 # %% ../nbs/42a_commands.ipynb #0bb57d61
 def _eval_run(args)->int:
-    from hqkv.quality import (GEOMETRY, HFModel, eval_text, eval_variants, run_kld, run_niah, summarize, table_markdown,
-                              ORACLE)
+    from hqkv.quality import HFModel, eval_text, eval_variants, run_kld, run_niah, summarize, table_markdown, ORACLE
+    from hqkv.models.load import load_causal_lm
     for n in ("windows", "score_last", "trials"):
         if getattr(args, n) < 1: raise ValueError(f"--{n.replace('_', '-')} must be >= 1, got {getattr(args, n)}")
     cfg = config_from_args(args)
@@ -181,12 +181,7 @@ def _eval_run(args)->int:
     name = None if args.text_file else (args.text or "kjv")
     text = eval_text(name, args.text_file)                            # fails before the model loads
     contexts = args.context or ([4096] if args.task == "kld" else [2048])
-    if cfg.model == GEOMETRY:
-        from hqkv.models.gemma3 import load_gemma3
-        model, geometry = load_gemma3(), GEOMETRY
-    else:
-        from hqkv.models.load import load_causal_lm
-        model = HFModel(load_causal_lm(cfg.model)); geometry = model.geometry
+    model = HFModel(load_causal_lm(cfg.model))        # the bundled model too: every model runs through transformers
     # niah: the prompt is followed by 6 teacher-forced answer tokens
     room = model.cfg.max_position - (6 if args.task == "niah" else 0)
     if max(contexts) > room:
@@ -195,7 +190,7 @@ def _eval_run(args)->int:
     vs, prof = eval_variants(args.format, cfg.window_sinks, cfg.window_recent, str(cfg.key_profile), model,
                              cfg.key_formats or None, cfg.value_formats or None, cfg.bit_plan)
     ids = model.tokenizer.encode(text, add_bos=False)
-    meta = dict(task=args.task, model=GEOMETRY if geometry == GEOMETRY else model.identity.short(),
+    meta = dict(task=args.task, model=model.identity.short(),
                 text=name or str(args.text_file), text_tokens=len(ids), contexts=contexts, chunk=chunk,
                 regime=args.regime, key_profile=None if prof is None else prof.tag, threads=torch.get_num_threads())
     t0 = time.perf_counter()
@@ -205,12 +200,12 @@ def _eval_run(args)->int:
         recs = run_kld(model, ids, contexts, args.windows, vs, chunk, args.score_last, profile=prof, log=None,
                        regime=args.regime)
         meta.update(windows=args.windows, score_last=args.score_last)
-        rows = summarize(recs, geometry=geometry)
+        rows = summarize(recs, geometry=model.geometry)
     else:
         recs = run_niah(model, ids, contexts, args.depths, ([] if args.no_oracle else [ORACLE]) + vs, args.trials,
                         args.seed, chunk, profile=prof, log=None, regime=args.regime)
         meta.update(depths=args.depths, trials=args.trials, seed=args.seed)
-        rows = summarize([], recs, geometry=geometry)
+        rows = summarize([], recs, geometry=model.geometry)
     meta["seconds"] = round(time.perf_counter() - t0, 1)
     if args.json: print(json.dumps(dict(meta=meta, rows=rows, records=recs), indent=1))
     else: print(table_markdown(rows) + "\n\n" + ", ".join(f"{k}={v}" for k, v in meta.items()))
@@ -251,8 +246,7 @@ def _calibrate_setup(p:argparse.ArgumentParser):
                    help="keep the model's profile (--out, else the one key_profile=auto finds) and only add the plan")
     g.add_argument("--plan-method", default="auto", choices=METHODS,
                    help="proxy: predict each row's KLD from one forward and a few backward passes per window "
-                        "(minutes); exact: one KLD run per row and format (hours on a CPU); auto (default): proxy, "
-                        "exact on the bundled model")
+                        "(minutes); exact: one KLD run per row and format (hours on a CPU); auto (default): proxy")
 
 # %% ../nbs/42a_commands.ipynb #72b98559
 def _first_tokens(ids:list, n:int|None, limit:int, what:str) -> list:
@@ -265,39 +259,31 @@ def _first_tokens(ids:list, n:int|None, limit:int, what:str) -> list:
     return ids
 
 def _calibrate_profile(args, model_path:str, text:str, tf:Path):
-    "The model as the quality harness drives it (`Gemma3` or `HFModel`), its identity, and its key profile."
+    "The model as the quality harness drives it (an `HFModel`) and its key profile."
     # the profile: measured on the text, or (--plan-only) the one it has
-    from hqkv.models.identity import DEFAULT_MODEL, model_identity
-    from hqkv.calibrate import calibrate, calibrate_hf
+    from hqkv.calibrate import calibrate_hf
     from hqkv.keyprofile import find_profile, KeyProfile
-    if model_path == DEFAULT_MODEL:
-        from hqkv.models.gemma3 import load_gemma3
-        model = load_gemma3(torch.float32); ident = model_identity(model, DEFAULT_MODEL)
-    else:
-        from hqkv.models.load import load_causal_lm
-        from hqkv.quality import HFModel
-        lm = load_causal_lm(model_path); ident = lm.identity
+    from hqkv.models.load import load_causal_lm
+    from hqkv.quality import HFModel
+    lm = load_causal_lm(model_path); ident = lm.identity       # the bundled model too, through transformers
     if args.plan_only:
         prof = KeyProfile.load(args.out) if args.out else find_profile(ident)
         if prof is None:
             raise ValueError(f"--plan-only: {ident.short()} has no key profile yet; run without --plan-only first")
         prof.check_matches(ident)
-    elif model_path == DEFAULT_MODEL:
-        ids = _first_tokens(model.tokenizer.encode(text), args.tokens, model.cfg.max_position, str(tf))
-        prof = calibrate(model, ids, ident, source=tf.name, mode=args.mode, chunk=args.chunk)
     else:
         bos = [] if lm.bos_id is None else [lm.bos_id]
         ids = _first_tokens(bos + lm.tokenizer.encode(text, add_special_tokens=False), args.tokens, lm.max_position,
                             str(tf))
         prof = calibrate_hf(lm.model, ids, lm.identity, source=tf.name, mode=args.mode, skip=len(bos), chunk=args.chunk,
                             progress=None)
-    return (model if model_path == DEFAULT_MODEL else HFModel(lm)), prof
+    return HFModel(lm), prof
 
 def _plan_notice(model, args, n_cands:int, n_wins:int):
     "Before a plan is measured: what it will run, and how long that takes."
     from hqkv.calibrate import _method
     rows = 2 * len(model.cfg.global_layers)
-    if _method(model, args.plan_method) == "proxy":
+    if _method(args.plan_method) == "proxy":
         print(f"bit plan (proxy): {n_wins} windows of {args.plan_context:,} tokens: one evaluation of the base format, "
               "then per window one forward + 2 backward passes; progress and the time left after each window",
               flush=True)

@@ -6,7 +6,6 @@ Docs: https://hqkv.github.io/hqkv/fixtures.html.md"""
 
 # %% ../nbs/05_fixtures.ipynb #13b15397
 from __future__ import annotations
-import argparse, hashlib
 from dataclasses import dataclass
 from pathlib import Path
 import torch
@@ -14,8 +13,7 @@ from torch import Tensor
 import hqkv
 
 # %% auto #0
-__all__ = ['DATA_DIR', 'TEXTS', 'FIXTURE_PATH', 'load_text', 'kjv_from_bible', 'CaptureKV', 'KVSample', 'capture_kv',
-           'make_fixture', 'load_fixture', 'main']
+__all__ = ['DATA_DIR', 'TEXTS', 'FIXTURE_PATH', 'load_text', 'kjv_from_bible', 'KVSample', 'load_fixture']
 
 # %% ../nbs/05_fixtures.ipynb #3f75dd4d
 DATA_DIR = Path(hqkv.__file__).parent / "data"
@@ -61,22 +59,6 @@ def kjv_from_bible(raw:str, # output of `bible -f RANGE`: one 'Ge1:1 text' line 
         out.append(f"{v} {t}")
     return "\n".join(out) + "\n"
 
-# %% ../nbs/05_fixtures.ipynb #61cc897b
-class CaptureKV:
-    "A `GlobalKV` that records q, k, v of chosen layers, then delegates to `inner`."
-    def __init__(self, layers:tuple, # model layer indices to record
-                 inner=None): # the `GlobalKV` doing the attention (default: float32 `DenseKV`)
-        from hqkv.models.gemma3 import DenseKV
-        self.inner = DenseKV(torch.float32) if inner is None else inner
-        self.layers = tuple(layers)
-        self.q, self.k, self.v = {l: [] for l in layers}, {l: [] for l in layers}, {l: [] for l in layers}
-    def attend(self, layer, q, k, v, pos, scale):
-        "Record the chunk's q, k, v (float32 copies), then attend through `inner`."
-        if layer in self.q:
-            self.q[layer].append(q.float().clone())
-            self.k[layer].append(k.float().clone()); self.v[layer].append(v.float().clone())
-        return self.inner.attend(layer, q, k, v, pos, scale)
-
 # %% ../nbs/05_fixtures.ipynb #d34bd934
 @dataclass(slots=True)
 class KVSample:
@@ -100,60 +82,11 @@ class KVSample:
                   j:int, # index into `q_pos`
                  )->Tensor: # [Hq, D]
         "Exact attention output of stored query j of layer i over keys 0..q_pos[j] (float32)."
-        from hqkv.models.gemma3 import attention
-        p = int(self.q_pos[j])
-        return attention(self.q[i, j][None].float(), self.k[i, :p + 1].float(), self.v[i, :p + 1].float(),
-                         self.q_pos[j:j + 1], torch.arange(p + 1), self.scale)[0]
-
-# %% ../nbs/05_fixtures.ipynb #8f1f8024
-def capture_kv(model, # a `hqkv.models.gemma3.Gemma3`
-               token_ids, # 1-D token ids (list or tensor), e.g. `model.tokenizer.encode(text)`
-               layers:tuple=(5, 11, 17), # global layers to record
-               chunk:int=1024, # prefill chunk length
-              )->KVSample: # float32 q, k, v at every position
-    "Run `model` over `token_ids` (float32 caches) and record post-RoPE q, k, v of global `layers`."
-    layers = tuple(layers)
-    bad = [l for l in layers if not (isinstance(l, int) and 0 <= l < model.cfg.num_layers and model.cfg.is_global(l))]
-    if bad or not layers:
-        raise ValueError(f"capture_kv records global layers only; {bad or 'no layers'} given, this model's are "
-                         f"{model.cfg.global_layers}")
-    if not isinstance(chunk, int) or chunk < 1: raise ValueError(f"chunk must be a positive int, got {chunk!r}")
-    ids = torch.as_tensor(token_ids).reshape(-1)
-    if ids.numel() == 0: raise ValueError("capture_kv needs at least one token")
-    cap = CaptureKV(layers)
-    st = model.new_state(kv=cap, ring_dtype=torch.float32)
-    for a in range(0, len(ids), chunk): model.forward([st], [ids[a:a + chunk]], logits="none")
-    cat = lambda d: torch.stack([torch.cat(d[l]) for l in layers])
-    return KVSample(cat(cap.q), cat(cap.k), cat(cap.v), torch.arange(len(ids)), ids.to(torch.int64), layers,
-                    model.cfg.scale)
-
-# %% ../nbs/05_fixtures.ipynb #a374f27f
-def make_fixture(path:str|Path=FIXTURE_PATH, # where to write the .pt file
-                 text:str="kjv", # a name in `TEXTS`
-                 n_tokens:int=2048, # tokens captured from the start of the text (<bos> included)
-                 q_stride:int=8, # keep the queries at positions q_stride-1, 2*q_stride-1, ...
-                 dtype:torch.dtype=torch.float16, # storage dtype
-                )->Path:
-    "Capture q, k, v of Gemma 3 270M's global layers on a shipped text and save them as a fixture."
-    from hqkv.models.gemma3 import load_gemma3, gguf_path
-    if not isinstance(n_tokens, int) or n_tokens < 1:
-        raise ValueError(f"n_tokens must be a positive int, got {n_tokens!r}")
-    if not isinstance(q_stride, int) or not 1 <= q_stride <= n_tokens:
-        raise ValueError(f"q_stride must be an int in [1, n_tokens], got {q_stride!r}")
-    model = load_gemma3(torch.float32)
-    ids = model.tokenizer.encode(load_text(text))
-    if len(ids) < n_tokens: raise ValueError(f"text {text!r} has only {len(ids)} tokens, {n_tokens} asked")
-    s = capture_kv(model, ids[:n_tokens])
-    keep = torch.arange(q_stride - 1, n_tokens, q_stride)
-    big = max(t.abs().max().item() for t in (s.q, s.k, s.v))
-    if big >= torch.finfo(dtype).max / 4: raise ValueError(f"|q, k, v| reaches {big:.3g}: too close to {dtype}'s range")
-    blob = dict(q=s.q[:, keep].to(dtype).contiguous(), k=s.k.to(dtype), v=s.v.to(dtype), q_pos=keep,
-                token_ids=s.token_ids,
-                layers=list(s.layers), scale=s.scale, text=text,
-                gguf_sha256=hashlib.sha256(gguf_path().read_bytes()).hexdigest(), format=1)
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(blob, path)
-    return path
+        p, q = int(self.q_pos[j]), self.q[i, j].float()                       # [Hq, D]
+        g = q.shape[0] // self.k.shape[2]                                      # query heads per KV head
+        k, v = (x[i, :p + 1].float().repeat_interleave(g, 1) for x in (self.k, self.v))   # [p + 1, Hq, D]
+        w = (torch.einsum("hd,shd->hs", q, k) * self.scale).softmax(-1)
+        return torch.einsum("hs,shd->hd", w, v)
 
 # %% ../nbs/05_fixtures.ipynb #a2f37f88
 def load_fixture(path:str|Path=FIXTURE_PATH, # a file written by `make_fixture`
@@ -162,23 +95,8 @@ def load_fixture(path:str|Path=FIXTURE_PATH, # a file written by `make_fixture`
     "The committed real-K/V fixture (Gemma 3 270M, layers 5/11/17, KJV Genesis, 2,048 tokens)."
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no fixture at {path}; regenerate it with `python -m hqkv.fixtures`")
+        raise FileNotFoundError(f"no fixture at {path}; regenerate it with `python -m hqkv.calibrate`")
     b = torch.load(path, map_location="cpu", weights_only=True)
     if b.get("format") != 1: raise ValueError(f"{path}: unknown fixture format {b.get('format')!r}")
     return KVSample(b["q"].to(dtype), b["k"].to(dtype), b["v"].to(dtype), b["q_pos"], b["token_ids"],
                     tuple(b["layers"]), b["scale"])
-
-# %% ../nbs/05_fixtures.ipynb #03de6c32
-def main(argv=None):
-    "Command line: `python -m hqkv.fixtures [--text kjv] [--tokens 2048] [--q-stride 8] [--out PATH]`."
-    ap = argparse.ArgumentParser(prog="python -m hqkv.fixtures", description=make_fixture.__doc__)
-    ap.add_argument("--text", default="kjv", choices=sorted(TEXTS))
-    ap.add_argument("--tokens", type=int, default=2048)
-    ap.add_argument("--q-stride", type=int, default=8)
-    ap.add_argument("--out", default=str(FIXTURE_PATH))
-    a = ap.parse_args(argv)
-    p = make_fixture(a.out, a.text, a.tokens, a.q_stride)
-    print(f"wrote {p} ({p.stat().st_size / 1e6:.1f} MB)")
-
-# `python -m hqkv.fixtures` runs main(); a notebook (also "__main__") has no module spec, so it does not
-if __name__ == "__main__" and getattr(globals().get("__spec__"), "name", None) == "hqkv.fixtures": main()

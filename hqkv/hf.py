@@ -322,7 +322,7 @@ def cache_key_profile(setting, # "auto", "off"/None, a profile file, or a `KeyPr
                                                                  "check_geometry")):
             raise TypeError("HQKVCache: key_profile must be 'auto', 'off', a profile file or an "
                             f"hqkv.keyprofile.KeyProfile, got {type(setting).__name__}")
-        # a profile of hqkv's own forward: geometry check only
+        # kind "hqkv" (a profile of the retired hand-written Gemma forward): geometry check only
         if isinstance(model, PreTrainedModel) and setting.model.kind == "transformers":
             from hqkv.models.identity import hf_identity
             setting.check_matches(hf_identity(model))

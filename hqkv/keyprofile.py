@@ -14,13 +14,13 @@ from .codec import codec_class
 from .bitplan import BitPlan
 from .fixtures import DATA_DIR
 from .sizing import CacheLayout, key_format_items
-from .models.identity import DEFAULT_MODEL, ModelIdentity, cache_dir, model_identity
+from .models.identity import DEFAULT_MODEL, ModelIdentity, cache_dir
 
 
 # %% auto #0
 __all__ = ['PROFILE_FORMAT', 'PROFILE_VERSION', 'MODES', 'PROFILE_FILES', 'CALIB_TEXT', 'KeyProfile', 'default_profile',
-           'profile_path', 'find_profile', 'warn_no_profile', 'resolve_key_profile', 'key_profile_for',
-           'describe_key_profile', 'CacheSetup', 'cache_setup']
+           'profile_path', 'find_profile', 'warn_no_profile', 'resolve_key_profile', 'describe_key_profile',
+           'CacheSetup', 'cache_setup']
 
 # %% ../nbs/14b_keyprofile.ipynb #95eab168
 PROFILE_FORMAT = "hqkv.key_profile"   # the file's format tag
@@ -230,9 +230,9 @@ def find_profile(identity:ModelIdentity) -> KeyProfile|None:
         prof = KeyProfile.load(p)
         if prof.model.kind == identity.kind: return prof
     if identity.name not in PROFILE_FILES: return None
-    shipped = default_profile(identity.name)          # the bundled model by name; another by its config and weights
+    shipped = default_profile(identity.name)          # by name, then only for the config and weights it was measured on
     same = all(getattr(shipped.model, f) == getattr(identity, f) for f in ("kind", "config_sha256", "weights_sha256"))
-    return shipped if same or shipped.model.kind == identity.kind == "hqkv" else None
+    return shipped if same else None
 
 # %% ../nbs/14b_keyprofile.ipynb #03c984be
 _WARNED = set()
@@ -269,18 +269,6 @@ def resolve_key_profile(setting, # kv.key_profile: "auto" (or None), "off", or a
     return p
 
 # %% ../nbs/14b_keyprofile.ipynb #c5bb1413
-def key_profile_for(setting, # kv.key_profile: "auto" (or None), "off", or a path
-                    kv_format:str, # the pool's format
-                    model, # the loaded model (a `Gemma3`)
-                    name:str=DEFAULT_MODEL, # the model's name
-                    weights_sha256:str|None=None, # as `model_identity`
-                   ) -> KeyProfile|None:
-    "`resolve_key_profile` for a loaded model: the profile its cache should use, or None."
-    if setting is None or setting == "auto":
-        if name not in PROFILE_FILES or not codec_class(kv_format).rotated: return None
-    elif setting == "off": return None
-    return resolve_key_profile(setting, kv_format, model_identity(model, name, weights_sha256))
-
 def describe_key_profile(p:KeyProfile|None) -> str:
     "'off', or the profile's tag (mode/tokens/source): one token for the plan line."
     return "off" if p is None else p.tag

@@ -8,7 +8,6 @@ Docs: https://hqkv.github.io/hqkv/model_cache.html.md"""
 from __future__ import annotations
 import os
 import torch
-from .codec import codec_class
 from .models.load import LoadedLM, load_causal_lm
 from .models.weights import Bf16Linear, Int4Linear, Int8Linear, quantize_weights
 from .settings import _DTYPES
@@ -77,11 +76,7 @@ def stop_ids(lm:LoadedLM) -> frozenset:
 
 # %% ../nbs/41e_model_cache.ipynb #b5d2bb08
 def engine_key_profile(setting:str, kv_format:str, lm:LoadedLM):
-    "kv.key_profile for an engine's model: `resolve_key_profile`; for the bundled model, the shipped profile."
-    # the shipped profile: the same weights file, calibrated through hqkv's own forward
-    from hqkv.keyprofile import resolve_key_profile, find_profile, default_profile
-    from hqkv.models.identity import DEFAULT_MODEL
-    # (other models' shipped profiles apply only to the config and weights they were measured on: find_profile)
-    if setting == "auto" and lm.name == DEFAULT_MODEL and codec_class(kv_format).rotated:
-        return find_profile(lm.identity) or default_profile(lm.name)
+    "kv.key_profile for an engine's model: `resolve_key_profile` on its identity."
+    # a shipped profile (the bundled model's too) applies only to the config and weights it was measured on
+    from hqkv.keyprofile import resolve_key_profile
     return resolve_key_profile(setting, kv_format, lm.identity)

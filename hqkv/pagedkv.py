@@ -17,7 +17,7 @@ from .window import window_put, window_rows
 from .backends import StepPlan, get_backend, default_backend, page_rows_decoded, _page_rows
 
 # %% auto #0
-__all__ = ['SeqUndo', 'PagedKV', 'SeqKV']
+__all__ = ['SeqUndo', 'PagedKV']
 
 # %% ../nbs/40a_pagedkv.ipynb #54d91dd7
 @dataclass(slots=True)
@@ -315,37 +315,3 @@ def undo(self:PagedKV, seq_ids):
     if st is None: raise RuntimeError("PagedKV.undo: no finished step to undo (a new step began, or none ran)")
     for u in st.undo:
         if u.seq_id in seq_ids: self._put_back(u)
-
-# %% ../nbs/40a_pagedkv.ipynb #4c69e08f
-class SeqKV:
-    "One sequence's `GlobalKV` (what `Gemma3.new_state(kv=...)` takes): each model forward is a one-sequence step."
-    __slots__ = ("paged", "seq_id")
-    def __init__(self, paged:PagedKV, seq_id:Hashable):
-        if seq_id not in paged.lanes: raise ValueError(f"sequence {seq_id!r} is not attached")
-        self.paged, self.seq_id = paged, seq_id
-    @property
-    def admission(self) -> Admission|None: return self.paged.admissions.get(self.seq_id)
-    def attend(self, layer:int, q:Tensor, k:Tensor, v:Tensor, pos:Tensor, scale:float) -> Tensor:
-        "Model layer `layer` of this sequence's chunk at positions `pos`."
-        p = self.paged
-        li = p.layer_index.get(layer)
-        if li is None: raise ValueError(f"layer {layer} is not one of the pool's layers {p.layers}")
-        if p.step is None:
-            if li != 0: raise RuntimeError(f"layer {layer} attended first, but a step starts at layer {p.layers[0]}")
-            p.begin([self.seq_id], [int(pos[0])], [len(pos)])
-        st = p.step
-        if st.seq_ids != (self.seq_id,) or (st.pos0[0], st.lens[0]) != (int(pos[0]), len(pos)):
-            raise RuntimeError(f"sequence {self.seq_id!r} at positions {int(pos[0])}..+{len(pos)}: the running step is "
-                               f"{st.seq_ids} at {st.pos0}..+{st.lens}")
-        try: o = p.attend(li, q, k, v, scale)
-        except BaseException: p.abort(); raise
-        if st.layers_done == len(p.layers): p.end()
-        return o
-    def __repr__(self):
-        return f"SeqKV({self.seq_id!r}, lane={self.paged.lanes.get(self.seq_id)}, {self.paged.pool.kv_format})"
-
-# %% ../nbs/40a_pagedkv.ipynb #6ebb13a3
-@patch
-def view(self:PagedKV, seq_id:Hashable) -> SeqKV:
-    "The `GlobalKV` of an attached sequence, for the own Gemma 3 forward."
-    return SeqKV(self, seq_id)

@@ -14,18 +14,18 @@ from torch import Tensor
 from .codec import codec_class
 from .sizing import CacheLayout, get_geometry, bytes_per_token
 from .testing import top2_margin
+from .models.identity import DEFAULT_MODEL
 from .texts import *
 from .variants import *
 # re-exported: studies, tests and commands import these from here
 _all_ = ['PYDOC_GLOB', 'TEXTS', 'kjv_text', 'pydoc_text', 'eval_text', 'text_windows',
-         'GEOMETRY', 'codec_opts', 'KVVariant', 'ProfiledKV', 'kv_state', 'HFTokenizer', 'HFModel']
+         'codec_opts', 'KVVariant', 'kv_state', 'HFTokenizer', 'HFModel']
 
 # %% auto #0
-__all__ = ['REGIMES', 'NIAH_INTRO', 'NIAH_NEEDLE', 'NIAH_QUESTION', 'ORACLE', 'TokenScores', 'model_identity_of', 'kld_eval',
-           'NeedlePrompt', 'niah_key', 'niah_prompt', 'niah_score', 'text_ids', 'run_kld', 'run_niah', 'summarize',
-           'table_markdown', 'write_table', 'eval_variants', 'PYDOC_GLOB', 'TEXTS', 'kjv_text', 'pydoc_text',
-           'eval_text', 'text_windows', 'GEOMETRY', 'codec_opts', 'KVVariant', 'ProfiledKV', 'kv_state', 'HFTokenizer',
-           'HFModel']
+__all__ = ['REGIMES', 'NIAH_INTRO', 'NIAH_NEEDLE', 'NIAH_QUESTION', 'ORACLE', 'TokenScores', 'kld_eval', 'NeedlePrompt',
+           'niah_key', 'niah_prompt', 'niah_score', 'text_ids', 'run_kld', 'run_niah', 'summarize', 'table_markdown',
+           'write_table', 'eval_variants', 'PYDOC_GLOB', 'TEXTS', 'kjv_text', 'pydoc_text', 'eval_text', 'text_windows',
+           'codec_opts', 'KVVariant', 'kv_state', 'HFTokenizer', 'HFModel']
 
 # %% ../nbs/50_quality.ipynb #e877180f
 @dataclass(slots=True)
@@ -68,20 +68,11 @@ def _variants(variants)->list:
     if len({v.name for v in vs}) != len(vs): raise ValueError(f"a variant appears twice: {[v.name for v in vs]}")
     return vs
 
-def model_identity_of(model): # a `Gemma3` or an `HFModel`
-    "The identity a key profile is checked against."
-    from hqkv.models.identity import model_identity
-    return model.identity if isinstance(model, HFModel) else model_identity(model)
-
-def _head_dim(model) -> int: # a `Gemma3` or an `HFModel`
-    g = getattr(model, "geometry", None)
-    return g.head_dim if g is not None else model.cfg.head_dim
-
 def _profile_for(model, vs, profile):
     "The key profile the variants need: `profile` if given, else the model's (`find_profile`), checked."
     if not any(v.key_profile for v in vs): return None
     from hqkv.keyprofile import find_profile
-    ident = model_identity_of(model)
+    ident = model.identity
     p = find_profile(ident) if profile is None else profile
     if p is None:
         raise ValueError(f"{next(v.name for v in vs if v.key_profile)} needs a key profile and {ident.short()} has "
@@ -96,26 +87,20 @@ REGIMES = ("decode", "prefill", "decode-steps")
 def _check_regime(regime):
     if regime not in REGIMES: raise ValueError(f"unknown regime {regime!r}; choose one of {', '.join(REGIMES)}")
 
-def _read_as_decode(st, on:bool):
-    "Make a state's next forwards read keys as decode steps would (on) or as their prompt chunk does (off)."
-    kv = getattr(st, "kv", None)  # the own Gemma forward's `SeqState`: a `PagedKV` view, or the oracle's dense K/V
-    if kv is None: st.decode_reads = on      # an `HQKVCache`
-    elif hasattr(kv, "paged"): kv.paged.decode_reads = on
-
 def _forward_scored(model, st, ch:list, ns:int, regime:str):
     "Run chunk `ch` through state `st`; the logits of its last `ns` positions (None when ns is 0)."
     # those positions read as `regime` says; the rest as a prompt's chunk
     ns = min(ns, len(ch))
-    _read_as_decode(st, False)
+    st.decode_reads = False                    # an `HQKVCache`: how its next forwards read the keys
     if not ns: model.forward([st], [ch], logits="none"); return None
     if regime == "prefill": return model.forward([st], [ch], logits=ns)[0]
     if len(ch) > ns: model.forward([st], [ch[:len(ch) - ns]], logits="none")
     if regime == "decode-steps": return torch.cat([model.forward([st], [[t]], logits=1)[0] for t in ch[len(ch) - ns:]])
-    _read_as_decode(st, True)
+    st.decode_reads = True
     return model.forward([st], [ch[len(ch) - ns:]], logits=ns)[0]
 
 # %% ../nbs/50_quality.ipynb #bfedadd5
-def kld_eval(model, # a `Gemma3`
+def kld_eval(model, # an `HFModel`
              ids:list, # the window's token ids (<bos> first)
              next_id:int, # the token that follows the window: the target of its last position
              variants:list, # `KVVariant`s (or names) compared with the oracle
@@ -181,7 +166,7 @@ def niah_key(seed:int, *cell)->str:
     return str(random.Random("/".join(map(str, (seed,) + cell))).randrange(10**6, 10**7))
 
 # %% ../nbs/50_quality.ipynb #069e1b59
-def niah_prompt(tok, # a `Gemma3Tokenizer`
+def niah_prompt(tok, # the model's tokenizer (`HFModel.tokenizer`)
                 filler:list, # token ids of the haystack text (no <bos>)
                 n_tokens:int, # prompt length, answer excluded
                 depth:float, # 0..1: share of the filler before the needle
@@ -206,7 +191,7 @@ def niah_prompt(tok, # a `Gemma3Tokenizer`
                         float(depth))
 
 # %% ../nbs/50_quality.ipynb #c8597afb
-def niah_score(model, # a `Gemma3`
+def niah_score(model, # an `HFModel`
                p:NeedlePrompt,
                variant:KVVariant|None, # None: the oracle
                chunk:int=1024, # prefill chunk
@@ -242,14 +227,14 @@ ORACLE = "bf16 (oracle)"   # the oracle's name in records and tables
 def _text_ids(model, name, path):
     return tuple(model.tokenizer.encode(eval_text(name, path), add_bos=False))
 
-def text_ids(model, # a `Gemma3` (its tokenizer)
+def text_ids(model, # an `HFModel` (its tokenizer)
              name:str|None=None, path:str|None=None, # as `eval_text`
             )->list:
     "Token ids (no <bos>) of an evaluation text; cached per process (the whole KJV takes ~10 s to tokenize)."
     return list(_text_ids(model, name, None if path is None else str(path)))
 
 # %% ../nbs/50_quality.ipynb #db5d9213
-def run_kld(model, # a `Gemma3`
+def run_kld(model, # an `HFModel`
             ids:list, # the text's token ids (`text_ids`)
             contexts:list, # window lengths, e.g. [4096, 8192]
             windows:int, # windows per context (`text_windows`)
@@ -283,7 +268,7 @@ def run_kld(model, # a `Gemma3`
     return out
 
 # %% ../nbs/50_quality.ipynb #ad2cb544
-def run_niah(model, # a `Gemma3`
+def run_niah(model, # an `HFModel`
              filler:list, # haystack token ids (`text_ids`)
              contexts:list, # prompt lengths
              depths:list, # needle depths in [0, 1]
@@ -324,7 +309,7 @@ def _fmt_of(name:str)->tuple: # (format, per-layer key formats, per-layer value 
 
 def summarize(kld:list, # `run_kld` records
               niah:list=(), # `run_niah` records
-              geometry=GEOMETRY, # the model's `Geometry` (or preset name): bytes per token
+              geometry=DEFAULT_MODEL, # the model's `Geometry` (or preset name): bytes per token
              )->list: # one dict per variant
     "One row per variant: bytes per token, KLD / top-1 / delta NLL per context, NIAH accuracy and margin."
     # per context: the mean and the worst window
@@ -387,7 +372,7 @@ def write_table(rows:list, # `summarize` output
 def eval_variants(formats:str, # comma-separated format names
                   sinks:int, recent:int, # the exact window (0, 0: none)
                   key_profile, # 'auto', 'off' or a profile path
-                  model, # the `Gemma3` or `HFModel` (its identity is checked against the profile)
+                  model, # the `HFModel` (its identity is checked against the profile)
                   key_formats=None, # per-layer key formats for every variant (kv.key_formats), e.g. '5=tbq3,11=tbq3'
                   value_formats=None, # per-layer value formats for every variant (kv.value_formats)
                   # kv.bit_plan: "auto" applies the profile's plan for a format when no per-layer formats are given
@@ -399,12 +384,12 @@ def eval_variants(formats:str, # comma-separated format names
     if not names: raise ValueError("no KV format given")
     for n, v in (("--window-sinks", sinks), ("--window-recent", recent)):
         if v < 0: raise ValueError(f"{n} must be >= 0, got {v}")
-    ident, vs, prof = model_identity_of(model), [], None
+    ident, vs, prof = model.identity, [], None
     for f in names:
         KVVariant(f)  # an unknown format fails here, listing the supported ones
         p = resolve_key_profile(key_profile, f, ident)
         if p is not None: prof = p
-        lay = cache_setup(f, model.cfg.global_layers, _head_dim(model), p, key_formats, value_formats, bit_plan,
+        lay = cache_setup(f, model.cfg.global_layers, model.geometry.head_dim, p, key_formats, value_formats, bit_plan,
                           owner=ident.short()).layout   # before any forward
         vs.append(KVVariant(f, window=bool(sinks or recent), key_profile=p is not None, sinks=sinks, recent=recent,
                             key_formats=lay.key_formats, value_formats=lay.value_formats))

@@ -1,4 +1,4 @@
-"""`KVVariant`: the format, exact window, key profile and per-layer formats a run changes against the bf16 oracle; the paged K/V it gives a sequence, on Gemma 3 or any transformers model.
+"""`KVVariant`: the format, exact window, key profile and per-layer formats a run changes against the bf16 oracle; the K/V it gives a sequence of any transformers model (the bundled Gemma 3 270M included).
 
 Docs: https://hqkv.github.io/hqkv/variants.html.md"""
 
@@ -11,14 +11,12 @@ from dataclasses import dataclass
 import torch
 from fastcore.basics import patch
 from .codec import list_codecs, asked_codec_opts
-from .sizing import CacheLayout, get_geometry, key_format_items
+from .sizing import CacheLayout, key_format_items
 
 # %% auto #0
-__all__ = ['GEOMETRY', 'codec_opts', 'KVVariant', 'ProfiledKV', 'kv_state', 'HFTokenizer', 'HFModel']
+__all__ = ['codec_opts', 'KVVariant', 'kv_state', 'HFTokenizer', 'HFModel']
 
 # %% ../nbs/50b_variants.ipynb #f404dd1e
-GEOMETRY = "gemma-3-270m"   # the `hqkv.sizing` geometry of the evaluated model
-
 def _layer_formats(spec, kv_format:str, what:str)->tuple:
     "Per-layer formats as sorted (model layer id, format) pairs, the variant's own format dropped."
     # the model checks its layers when a state is built
@@ -99,52 +97,30 @@ def layout(self:KVVariant, layers:tuple, head_dim:int, owner:str="the model")->C
 # `get_codec` options for evaluating a format: naming tbq3 in an evaluation is asking for it
 codec_opts = asked_codec_opts
 
-class ProfiledKV:
-    "A `GlobalKV` around one without key-profile support: keys stored as (k - mu) / sigma, queries scaled by sigma."
-    # e.g. the oracle's `DenseKV`
-    def __init__(self, inner, # the `GlobalKV` that stores and attends
-                 profile, # a `KeyProfile` covering the model's global layers
-                ):
-        self.inner, self.profile, self.slot = inner, profile, {l: i for i, l in enumerate(profile.layers)}
-    def attend(self, layer, q, k, v, pos, scale):
-        "Attend through `inner` with the keys and the query transformed; scores change by a constant per query only."
-        i = self.slot[layer]
-        return self.inner.attend(layer, self.profile.apply_query(i, q).to(q.dtype),
-                                 self.profile.apply_keys(i, k).to(k.dtype), v, pos, scale)
-
-def kv_state(model, # a `Gemma3`, or an `HFModel`
+def kv_state(model, # an `HFModel`
              variant:KVVariant|None, # None: the oracle (the model's dense bf16 K/V)
-             ids:list, # every token the sequence will hold (the pool is sized and admitted for them)
+             ids:list, # every token the sequence will hold
              profile=None, # `KeyProfile`, used when `variant.key_profile`
             ):
-    "A fresh `SeqState` whose global layers keep their K/V as `variant` says: the engine's `PagedKV` ('gather')."
+    "A fresh cache whose full-attention layers keep their K/V as `variant` says."
+    if not isinstance(model, HFModel):
+        raise TypeError(f"the quality harness drives a transformers model (an HFModel), got {type(model).__name__}")
     if variant is None: return model.new_state()
     if variant.key_profile and profile is None: raise ValueError(f"{variant.name} needs a key profile")
-    if isinstance(model, HFModel): return model.state(variant, profile)
-    from hqkv.pool import KVPool
-    from hqkv.pagedkv import PagedKV
-    g = get_geometry(GEOMETRY)
-    if tuple(g.attn_layer_ids) != tuple(model.cfg.global_layers):
-        raise ValueError(f"the model's global layers {model.cfg.global_layers} are not {g.name}'s {g.attn_layer_ids}")
-    fmts = {variant.kv_format, *(f for _, f in variant.key_formats + variant.value_formats)}
-    pool = KVPool(g, variant.kv_format, f"{len(ids)}tok", codec_opts={f: codec_opts(f) for f in fmts},
-                  key_formats=variant.key_formats, value_formats=variant.value_formats)
-    S, R = (variant.sinks, variant.recent) if variant.window else (0, 0)
-    # the decode regime reads as decode steps: gather only
-    paged = PagedKV(pool, window_sinks=S, window_recent=R, attn="gather",
-                    key_profile=profile if variant.key_profile else None)
-    paged.admit(0, ids, 0)
-    return model.new_state(kv=paged.view(0))
+    return model.state(variant, profile)
 
 # %% ../nbs/50b_variants.ipynb #a07085ba
 class HFTokenizer:
-    "A transformers tokenizer with the two calls the harness makes (`encode(text, add_bos)`, `piece(id)`)."
+    "A transformers tokenizer with the calls the harness makes (`encode(text, add_bos)`, `piece(id)`, `decode(ids)`)."
     def __init__(self, tok, bos_id:int|None): self.tok, self.bos_id = tok, bos_id
     def encode(self, text:str, add_bos:bool=True)->list:
         "Token ids of `text`, the model's <bos> (or end-of-text) first when `add_bos`."
         ids = self.tok.encode(text, add_special_tokens=False)
         return ([self.bos_id] if add_bos and self.bos_id is not None else []) + list(ids)
     def piece(self, i:int)->str: return self.tok.decode([int(i)])
+    def decode(self, ids)->str:
+        "Text of token ids (special tokens such as <bos> dropped)."
+        return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)
 
 class HFModel:
     "A transformers causal LM driven by the quality harness, its K/V in an `HQKVCache` per state."

@@ -15,9 +15,10 @@ CHILD = textwrap.dedent('''
     torch.set_num_threads(1)
     print("dispatch", torch.backends.cpu.get_cpu_capability(), flush=True)
     from hqkv.testing import check_greedy, check_top1, ref_topk, reference_greedy
-    from hqkv.models.gemma3 import load_gemma3
-    from hqkv.quality import eval_text, text_windows, kld_eval
-    model = load_gemma3()
+    from hqkv.models.load import load_causal_lm
+    from hqkv.models.identity import DEFAULT_MODEL
+    from hqkv.quality import HFModel, eval_text, text_windows, kld_eval
+    model = HFModel(load_causal_lm(DEFAULT_MODEL))
     (win, nxt), = text_windows(model.tokenizer.encode(eval_text("kjv-excerpt"), add_bos=False), 256, 1)
     res = kld_eval(model, win, nxt, ["bf16"], chunk=128, score_last=128, regime="decode")["bf16"]
     s = res.summary()
@@ -25,8 +26,6 @@ CHILD = textwrap.dedent('''
     flips = check_top1(res.agree, res.margin, what="decode regime: bf16 pages vs the bf16 oracle")
     print("quality: kld", s["kld"], "top-1 flips at near-ties", flips, flush=True)
     from hqkv.engine import Engine
-    from hqkv.models.load import load_causal_lm
-    from hqkv.models.identity import DEFAULT_MODEL
     hf = load_causal_lm(DEFAULT_MODEL).model
     eng = Engine(kv_format="bf16", kv_pool_bytes="4Ktok", max_context=512, prefill_chunk=64, max_batch=8, weights="fp32")   # the oracle's weights
     prompts = [eng.encode(t) for t in ("The capital of France is", "Once upon a time", "Q: What is 2+2?\\nA:", "def fibonacci(n):")]

