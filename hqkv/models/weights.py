@@ -1,4 +1,4 @@
-"""The model's linear layers as int8 weights with one float32 scale per 32 (ggml's Q8_0 layout), multiplied by a small C++ kernel that widens them in registers: a quarter of float32's bytes for the part of a short-context decode step that is the weights; int4 (Q4_1) where a layer is on a 4-bit grid already.
+"""The model's linear layers as int8 weights with one float32 scale per 32 (ggml's Q8_0 layout), multiplied by a small C++ kernel that widens them in registers: a quarter of float32's bytes for the part of a short-context decode step that is the weights; int4 (Q4_1) where a layer is on a 4-bit grid already; bf16 where the CPU multiplies bf16 natively; an embedding tied to the head reads the head's rows.
 
 Docs: https://hqkv.github.io/hqkv/models.weights.html.md"""
 
@@ -12,9 +12,10 @@ from torch import Tensor, nn
 from ..attention_cpu import build, cpu_model
 
 # %% auto #0
-__all__ = ['WEIGHTS', 'GROUP', 'DIRECT_ROWS', 'BF16_DIRECT_ROWS', 'quantize_int8', 'linear_int8', 'quantize_int4',
+__all__ = ['WEIGHTS', 'GROUP', 'DIRECT_ROWS', 'BF16_DIRECT_ROWS', 'KLD_TARGET', 'quantize_int8', 'linear_int8', 'quantize_int4',
            'dequantize_int4', 'linear_int4', 'Int8Linear', 'Int4Linear', 'native_bf16', 'linear_bf16', 'Bf16Linear',
-           'weight_bytes', 'int8_refusal', 'bf16_refusal', 'int4_keeps', 'HeadEmbedding', 'quantize_weights']
+           'weight_bytes', 'int8_refusal', 'bf16_refusal', 'int4_keeps', 'HeadEmbedding', 'quantize_weights',
+           'keeps_targets', 'fastest_kept']
 
 # %% ../../nbs/16a_models.weights.ipynb #a4cf0c34
 # engine.weights (auto: int8 where it applies, `int8_refusal`; int4: where `int4_keeps`, else int8; bf16: `bf16_refusal`)
@@ -131,7 +132,8 @@ class Int8Linear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self._store(linear.weight.detach())
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float(), requires_grad=False)
+        # a copy: the loaded bias may be a view of the model's file (`_own_memory`)
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float().clone(), requires_grad=False)
     def _store(self, w): q, s = quantize_int8(w); self.register_buffer("weight_q", q); self.register_buffer("scales", s)
     def _mm(self, x): return _linear(x, self.weight_q, self.scales, 8)
     def rows(self, ids:Tensor) -> Tensor: # float32 [*ids.shape, in_features]: the weights' rows `ids` (a tied embedding's)
@@ -307,3 +309,20 @@ def quantize_weights(model:nn.Module, # a float32 model on CPU, changed in place
 def _linear_class(weights, c:nn.Linear):
     if weights == "bf16": return Bf16Linear
     return Int4Linear if weights == "int4" and int4_keeps(c.weight) else Int8Linear
+
+# %% ../../nbs/16a_models.weights.ipynb #f1d3272d
+KLD_TARGET = 0.01   # a default weight setting's KLD against float32 weights, at most (issue #35)
+
+def keeps_targets(q:dict) -> bool:
+    "A setting's measured cost (a `weights.json` quality entry) is within the targets: KLD, greedy differences at near-ties only."
+    return q["kld"] <= KLD_TARGET and all(i is None or m < q["margin_shift_max"] for i, m in q["greedy"])
+
+def fastest_kept(row:dict) -> str:
+    "The setting that decodes fastest among those within the targets (float32 always is), from a `weights.json` row."
+    # a setting that held another's weights (int4 where no layer is on a 4-bit grid: int8) is that one again
+    ok = [k for k, q in row["quality"].items() if keeps_targets(q) and _held(row, k) == k]
+    return max(["fp32", *ok], key=lambda k: row[f"decode_{k}"])
+
+def _held(row, k):   # runs before held_*: the int4 engine's plan line says which weights it held
+    if f"held_{k}" in row: return row[f"held_{k}"]
+    return row["plan"].rsplit(" weights=", 1)[-1] if k == "int4" and " weights=" in row.get("plan", "") else k
