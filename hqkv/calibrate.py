@@ -6,20 +6,18 @@ Docs: https://hqkv.github.io/hqkv/calibrate.html.md"""
 
 # %% ../nbs/15_calibrate.ipynb #92f2d094
 from __future__ import annotations
-import argparse, contextlib, dataclasses, hashlib, math, sys, time
+import contextlib, dataclasses, math, sys, time
 from pathlib import Path
 import torch
 from torch import Tensor
-from .models.identity import DEFAULT_MODEL, ModelIdentity
+from .models.identity import ModelIdentity
 from .bitplan import CANDIDATES, BitPlan, bit_plan, format_bits, parse_budget, _row
 from .keyprofile import MODES, KeyProfile
 from .codec import get_codec, asked_codec_opts
-from .fixtures import FIXTURE_PATH, KVSample, load_text
 
 # %% auto #0
-__all__ = ['CAPTURE_ATTN', 'QKV_ATTN', 'PROXY_ATTN', 'METHODS', 'profile_stats', 'calibrate_hf', 'capture_kv', 'make_fixture',
-           'main', 'row_sensitivity', 'attention_grads', 'coded_reads', 'row_codes', 'coded_errors',
-           'proxy_sensitivity', 'calibrate_plan', 'calibrate_report']
+__all__ = ['CAPTURE_ATTN', 'PROXY_ATTN', 'METHODS', 'profile_stats', 'calibrate_hf', 'row_sensitivity', 'attention_grads',
+           'coded_reads', 'row_codes', 'coded_errors', 'proxy_sensitivity', 'calibrate_plan', 'calibrate_report']
 
 # %% ../nbs/15_calibrate.ipynb #3b0febf2
 def profile_stats(k:Tensor, # float [L, T, kv_heads, D]: keys of each attention layer at T positions
@@ -151,88 +149,6 @@ def calibrate_hf(model, # a transformers causal LM (`LoadedLM.model`, or one you
     mu, sigma = profile_stats(rec.k, None, mode, skip, clip, floor, q_ms=q_ms)
     return KeyProfile(mu, sigma, identity, g.attn_ids, source, int(N), mode)
 
-# %% ../nbs/15_calibrate.ipynb #b50005fb
-QKV_ATTN = "hqkv_qkv"   # the attention implementation `capture_kv` runs the model with
-_QKV = [None]           # {layer: [(q, k, v, scale) per chunk]} of the capture in progress
-
-def _qkv_attention(module, query, key, value, attention_mask, **kwargs):
-    "transformers attention function: record the chunk's q, k, v of the chosen layers (float32), then SDPA."
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    rec = _QKV[0]
-    if rec is not None and module.layer_idx in rec:
-        T = query.shape[2]                  # [1, Hq, T, D]; key, value [1, Hkv, S, D]: the chunk's are the last T
-        rec[module.layer_idx].append(tuple(x[0, :, -T:].transpose(0, 1).float().cpu() for x in (query, key, value))
-                                     + (kwargs.get("scaling") or module.scaling,))
-    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-
-# %% ../nbs/15_calibrate.ipynb #2bf2740b
-def capture_kv(model, # a transformers causal LM (`LoadedLM.model`)
-               token_ids, # 1-D token ids (<bos> first)
-               layers:tuple|None=None, # full-attention layers to record (default: all of them)
-               chunk:int=1024, # tokens per forward
-              )->KVSample: # float32 q, k, v at every position
-    "Run `model` over `token_ids` (chunks, a `DynamicCache`) and record post-RoPE q, k, v of `layers`."
-    from transformers import DynamicCache
-    from hqkv.models.load import geometry_of
-    full = geometry_of(model.config).attn_ids
-    layers = full if layers is None else tuple(layers)
-    bad = [l for l in layers if l not in full]
-    if bad or not layers:
-        raise ValueError(f"capture_kv records full-attention layers only; {bad or 'no layers'} given, this model's "
-                         f"are {full}")
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-        raise ValueError(f"chunk must be a positive int, got {chunk!r}")
-    ids = torch.as_tensor(token_ids).reshape(-1).to(torch.int64)
-    if ids.numel() == 0: raise ValueError("capture_kv needs at least one token")
-    rec, dev = {l: [] for l in layers}, next(model.parameters()).device
-    with _attention_as(model, QKV_ATTN, _qkv_attention, _QKV, rec), torch.inference_mode():
-        cache = DynamicCache(config=model.config)
-        for a in range(0, len(ids), chunk):
-            model(input_ids=ids[None, a:a + chunk].to(dev), past_key_values=cache, use_cache=True, logits_to_keep=1)
-    cat = lambda j: torch.stack([torch.cat([c[j] for c in rec[l]]) for l in layers])
-    return KVSample(cat(0), cat(1), cat(2), torch.arange(len(ids)), ids, layers, float(rec[layers[0]][0][3]))
-
-# %% ../nbs/15_calibrate.ipynb #285b0d05
-def make_fixture(path:str|Path=FIXTURE_PATH, # where to write the .pt file
-                 text:str="kjv", # a name in `hqkv.fixtures.TEXTS`
-                 n_tokens:int=2048, # tokens captured from the start of the text (<bos> included)
-                 q_stride:int=8, # keep the queries at positions q_stride-1, 2*q_stride-1, ...
-                 dtype:torch.dtype=torch.float16, # storage dtype
-                )->Path:
-    "Capture q, k, v of the bundled Gemma 3 270M's global layers on a shipped text and save them as a fixture."
-    from hqkv.models.load import load_causal_lm, gguf_path
-    if not isinstance(n_tokens, int) or n_tokens < 1:
-        raise ValueError(f"n_tokens must be a positive int, got {n_tokens!r}")
-    if not isinstance(q_stride, int) or not 1 <= q_stride <= n_tokens:
-        raise ValueError(f"q_stride must be an int in [1, n_tokens], got {q_stride!r}")
-    lm = load_causal_lm(DEFAULT_MODEL, torch.float32)
-    ids = [lm.bos_id] + lm.tokenizer.encode(load_text(text), add_special_tokens=False)
-    if len(ids) < n_tokens: raise ValueError(f"text {text!r} has only {len(ids)} tokens, {n_tokens} asked")
-    s = capture_kv(lm.model, ids[:n_tokens])
-    keep = torch.arange(q_stride - 1, n_tokens, q_stride)
-    big = max(t.abs().max().item() for t in (s.q, s.k, s.v))
-    if big >= torch.finfo(dtype).max / 4: raise ValueError(f"|q, k, v| reaches {big:.3g}: too close to {dtype}'s range")
-    blob = dict(q=s.q[:, keep].to(dtype).contiguous(), k=s.k.to(dtype), v=s.v.to(dtype), q_pos=keep,
-                token_ids=s.token_ids, layers=list(s.layers), scale=s.scale, text=text,
-                gguf_sha256=hashlib.sha256(gguf_path().read_bytes()).hexdigest(), format=1)
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(blob, path)
-    return path
-
-def main(argv=None):
-    "Command line: `python -m hqkv.calibrate [--text kjv] [--tokens 2048] [--q-stride 8] [--out PATH]`."
-    ap = argparse.ArgumentParser(prog="python -m hqkv.calibrate", description=make_fixture.__doc__)
-    ap.add_argument("--text", default="kjv", choices=["kjv", "pydoc"])
-    ap.add_argument("--tokens", type=int, default=2048)
-    ap.add_argument("--q-stride", type=int, default=8)
-    ap.add_argument("--out", default=str(FIXTURE_PATH))
-    a = ap.parse_args(argv)
-    p = make_fixture(a.out, a.text, a.tokens, a.q_stride)
-    print(f"wrote {p} ({p.stat().st_size / 1e6:.1f} MB)")
-
-# `python -m hqkv.calibrate` runs main(); a notebook (also "__main__") has no module spec, so it does not
-if __name__ == "__main__" and getattr(globals().get("__spec__"), "name", None) == "hqkv.calibrate": main()
-
 # %% ../nbs/15_calibrate.ipynb #746af430
 def row_sensitivity(model, # an `hqkv.quality.HFModel`
                     windows:list, # [(ids, next id)]: calibration windows (`hqkv.quality.text_windows`)
@@ -250,7 +166,7 @@ def row_sensitivity(model, # an `hqkv.quality.HFModel`
     mk = lambda kf=(), vf=(): KVVariant(base, window=w, key_profile=profile is not None, sinks=sinks if w else 32,
                                         recent=recent if w else 512, key_formats=kf, value_formats=vf)
     cands = [f for f in dict.fromkeys(candidates) if f != base]
-    for f in cands: format_bits(f, model.geometry.head_dim)   # a format without this head_dim: ValueError before any forward
+    for f in cands: format_bits(f, model.geometry.head_dim)   # a format without this head_dim fails before any forward
     rows = [(l, kv) for l in model.cfg.global_layers for kv in "kv"]
     vs = {(None, None): mk()}
     for l, kv in rows:

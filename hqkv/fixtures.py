@@ -95,7 +95,7 @@ def load_fixture(path:str|Path=FIXTURE_PATH, # a file written by `make_fixture`
     "The committed real-K/V fixture (Gemma 3 270M, layers 5/11/17, KJV Genesis, 2,048 tokens)."
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no fixture at {path}; regenerate it with `python -m hqkv.calibrate`")
+        raise FileNotFoundError(f"no fixture at {path}; regenerate it with `python -m hqkv.capture`")
     b = torch.load(path, map_location="cpu", weights_only=True)
     if b.get("format") != 1: raise ValueError(f"{path}: unknown fixture format {b.get('format')!r}")
     return KVSample(b["q"].to(dtype), b["k"].to(dtype), b["v"].to(dtype), b["q_pos"], b["token_ids"],

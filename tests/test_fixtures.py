@@ -1,9 +1,9 @@
-"""The real-K/V fixture: its regeneration command (`python -m hqkv.calibrate`) exists, and loading it needs neither the model nor transformers."""
+"""The real-K/V fixture: its regeneration command (`python -m hqkv.capture`) exists, and loading it needs neither the model nor transformers."""
 import subprocess, sys
 
 
 def test_regenerate_command_help():
-    r = subprocess.run([sys.executable, "-m", "hqkv.calibrate", "--help"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-m", "hqkv.capture", "--help"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "--tokens" in r.stdout and "--q-stride" in r.stdout and "--text" in r.stdout
 

@@ -26,6 +26,7 @@ LAYERS = [  # lowest first; a module may import any module of a lower layer
     ["variants"],                       # what a quality run changes, and the paged K/V it gives a sequence
     ["quality"],                        # KLD, needles, tables (re-exports texts and variants)
     ["calibrate"],                      # measuring profiles and row sensitivities
+    ["capture"],                        # q, k, v of a model's full-attention layers; the real-K/V fixture it makes
     ["settings", "monitor"],            # the engine's settings; pool metrics
     ["model_cache"],                    # the engine's model: loaded once per process, device checks, stop ids
     ["engine"],
