@@ -28,35 +28,48 @@ def _fp16(ptr, mask):
     return (lo | (hi << 8)).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
 
 @triton.jit
-def _load_blocks(ptr, rows, n_ok, ok, offs_d, table_ptr, D, FORMAT: tl.constexpr, NS: tl.constexpr):
-    "Byte formats: NS blocks per row, each an fp16 scale then its codes (tbq2/3/4: FORMAT bits, q8_0: 5, q4_0: 6)."
-    blk = D // NS                                              # values per block
-    if FORMAT == 5: bb = 2 + blk                               # bytes per block: the scale, then the codes
-    elif FORMAT == 6: bb = 2 + blk // 2
-    else: bb = 2 + blk * FORMAT // 8
+def _load_blocks(ptr, rows, n_ok, ok, offs_d, table_ptr, D, FORMAT: tl.constexpr, NS: tl.constexpr, BLK: tl.constexpr,
+                 D_PAD: tl.constexpr, BLOCK_N: tl.constexpr):
+    "Byte formats: NS blocks of BLK values per row, each an fp16 scale then its codes (tbq2/3/4: FORMAT bits, q8_0: 5, q4_0: 6)."
+    if FORMAT >= 5:   # ggml: 32-value blocks, [BLOCK_N, blocks, 32]: each block's scale read once, then broadcast
+        ob = tl.arange(0, D_PAD // 32)[None, :, None]
+        oi = tl.arange(0, 32)[None, None, :]
+        bb = 34 if FORMAT == 5 else 18                         # bytes per block: the scale, then the codes
+        bok = n_ok[:, :, None] & (ob < NS)                     # D is a multiple of 32: padded blocks read nothing
+        base = rows[:, :, None] + ob * bb
+        if FORMAT == 5:   # q8_0: int8 codes
+            c = tl.load(ptr + rows + (offs_d // 32 * 34 + 2 + offs_d % 32)[None, :], mask=ok, other=0)
+            x = tl.reshape(c.to(tl.int8, bitcast=True).to(tl.float32), [BLOCK_N, D_PAD // 32, 32])
+            x = x * _fp16(ptr + base, bok)                     # [BLOCK_N, blocks, 1]: each block's scale, once
+        else:             # q4_0: value j in the low nibble of byte j, value j + 16 in its high nibble; code - 8
+            base = base[:, :, :, None]                         # [BLOCK_N, blocks, 1 (nibble), 1]
+            bok = bok[:, :, :, None]
+            byte = tl.load(ptr + base + 2 + tl.arange(0, 16)[None, None, None, :], mask=bok, other=0).to(tl.int32)
+            hi = tl.arange(0, 2)[None, None, :, None] == 1
+            x = (tl.where(hi, byte >> 4, byte & 15) - 8).to(tl.float32) * _fp16(ptr + base, bok)
+        return tl.reshape(x, [BLOCK_N, D_PAD])
+    # tbq: NS blocks of blk values; index i at bits [i*FORMAT, (i+1)*FORMAT) of the block's codes, little-endian;
+    # a centroid. BLK > 0 (prefill): the block is a constexpr, / and % by it are shifts or a multiply; 0 (decode): D // NS
+    if BLK > 0: blk = BLK
+    else: blk = D // NS
+    bb = 2 + blk * FORMAT // 8                                 # bytes per block: the scale, then the codes
     b = (offs_d // blk)[None, :]
     i = offs_d[None, :] - b * blk
     base = rows + b * bb                                       # byte offsets (int32) of the block's scale, then codes
-    if FORMAT == 5:   # ggml q8_0: int8 codes
-        x = tl.load(ptr + base + 2 + i, mask=ok, other=0).to(tl.int8, bitcast=True).to(tl.float32)
-    elif FORMAT == 6: # ggml q4_0: value j in the low nibble of byte j, value j + 16 in its high nibble; code - 8
-        byte = tl.load(ptr + base + 2 + i % 16, mask=ok, other=0).to(tl.int32)
-        x = tl.where(ok, tl.where(i < 16, byte & 15, byte >> 4) - 8, 0).to(tl.float32)
-    else:             # tbq: index i at bits [i*FORMAT, (i+1)*FORMAT) of the block's codes, little-endian; a centroid
-        bit = i * FORMAT
-        w = tl.load(ptr + base + 2 + bit // 8, mask=ok, other=0).to(tl.int32)
-        if FORMAT == 3: w = w | (tl.load(ptr + base + 3 + bit // 8, mask=ok & (bit % 8 > 5), other=0).to(tl.int32) << 8)
-        x = tl.load(table_ptr + ((w >> (bit % 8)) & ((1 << FORMAT) - 1)), mask=ok, other=0.0)
-    if FORMAT >= 5:   # ggml: many 32-value blocks (8 at D = 256): each value reads its block's scale
-        return x * _fp16(ptr + base, ok)
-    for s in tl.static_range(NS):                              # tbq: 1-5 blocks, each one's scale read once per row
-        x = tl.where(b == s, x * _fp16(ptr + rows + s * bb, n_ok), x)
-    return x
+    bit = i * FORMAT
+    w = tl.load(ptr + base + 2 + bit // 8, mask=ok, other=0).to(tl.int32)
+    if FORMAT == 3: w = w | (tl.load(ptr + base + 3 + bit // 8, mask=ok & (bit % 8 > 5), other=0).to(tl.int32) << 8)
+    sc = tl.where(b == 0, _fp16(ptr + rows, n_ok), 0.0)      # each value's scale (0 past D), picked before the
+    for s in tl.static_range(1, NS):                           # centroids are read: 1-5 blocks, each one's scale
+        sc = tl.where(b == s, _fp16(ptr + rows + s * bb, n_ok), sc)   # read once per row
+    x = tl.load(table_ptr + ((w >> (bit % 8)) & ((1 << FORMAT) - 1)), mask=ok, other=0.0)
+    return x * sc
 
 @triton.jit
 def _load_rows(ptr, # page base pointer (already at the page and KV head)
                offs_n, n_mask, offs_d, stride_n, table_ptr, D, # D: the head dim (runtime); offs_d spans D_PAD >= D
-               FORMAT: tl.constexpr, D_PAD: tl.constexpr, NS: tl.constexpr, BLOCK_N: tl.constexpr):
+               FORMAT: tl.constexpr, D_PAD: tl.constexpr, NS: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLK: tl.constexpr): # tbq: values per block, or 0: D // NS (`_CONST_BLOCK`); else unused
     "A block of coded rows -> values [BLOCK_N, D_PAD] in the codec's (rotated) domain, zero past D."
     # bf16 rows stay bf16, exact
     rows = ptr + offs_n[:, None] * stride_n
@@ -64,7 +77,7 @@ def _load_rows(ptr, # page base pointer (already at the page and KV head)
         x = tl.load(rows + offs_d[None, :], mask=n_mask[:, None] & (offs_d < D)[None, :], other=0.0)
     elif FORMAT >= 2: # tbq, q8_0, q4_0 (pages viewed as bytes)
         x = _load_blocks(ptr, (offs_n * stride_n)[:, None], n_mask[:, None], n_mask[:, None] & (offs_d < D)[None, :],
-                         offs_d, table_ptr, D, FORMAT, NS)
+                         offs_d, table_ptr, D, FORMAT, NS, BLK, D_PAD, BLOCK_N)
     else:             # hq-e8-2b (pages viewed as int16): D/8 codewords, then NS bf16 scales
         offs_g = tl.arange(0, D_PAD // 8)
         ok = n_mask[:, None] & (offs_g < D // 8)[None, :]  # padded groups: scale 0, value 0
@@ -116,6 +129,7 @@ def _code_blocks(q_hi, q_lo, m, l, acc, j0, j1, p0, h, indices_ptr, k_ptr, v_ptr
                  stride_kp, stride_kn, stride_kh, stride_vp, stride_vn, stride_vh, PAGE, L, s_held, rec_start,
                  offs_n, offs_d, D,
                  K_FORMAT: tl.constexpr, V_FORMAT: tl.constexpr, K_NS: tl.constexpr, V_NS: tl.constexpr,
+                 K_BLK: tl.constexpr, V_BLK: tl.constexpr,
                  D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr):
     "Blocks j0..j1 of BLOCK_N code rows (a page is PAGE // BLOCK_N blocks), positions the window holds masked out."
     for j in range(j0, j1):
@@ -125,10 +139,10 @@ def _code_blocks(q_hi, q_lo, m, l, acc, j0, j1, p0, h, indices_ptr, k_ptr, v_ptr
         in_seq = pos < L
         rows = pos0 % PAGE + offs_n
         k = _load_rows(k_ptr + page * stride_kp + h * stride_kh, rows, in_seq, offs_d, stride_kn, kt_ptr, D,
-                       K_FORMAT, D_PAD, K_NS, BLOCK_N)
+                       K_FORMAT, D_PAD, K_NS, BLOCK_N, K_BLK)
         s = _scores(q_hi, q_lo, k, (in_seq & (pos >= s_held) & (pos < rec_start))[None, :], DOT_BF16)   # keys dead ...
         v = _load_rows(v_ptr + page * stride_vp + h * stride_vh, rows, in_seq, offs_d, stride_vn, vt_ptr, D,
-                       V_FORMAT, D_PAD, V_NS, BLOCK_N)
+                       V_FORMAT, D_PAD, V_NS, BLOCK_N, V_BLK)
         m, l, acc = _fold(s, v, m, l, acc, DOT_BF16)                               # ... before the values are decoded
     return m, l, acc
 
@@ -171,7 +185,7 @@ def decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr,
                   SINKS, RECENT, SPLITS, G, PAGE, D,
                   G_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                   K_FORMAT: tl.constexpr, V_FORMAT: tl.constexpr, K_NS: tl.constexpr, V_NS: tl.constexpr,
-                  WINDOW: tl.constexpr, DOT_BF16: tl.constexpr):
+                  K_BLK: tl.constexpr, V_BLK: tl.constexpr, WINDOW: tl.constexpr, DOT_BF16: tl.constexpr):
     "One (sequence, KV head, split): online softmax over its share of code blocks and window blocks."
     b, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_g, offs_d, offs_n = tl.arange(0, G_PAD), tl.arange(0, D_PAD), tl.arange(0, BLOCK_N)
@@ -204,7 +218,7 @@ def decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr,
                              stride_kp, stride_kn, stride_kh, stride_vp, stride_vn, stride_vh,
                              PAGE, L, s_held, rec_start,
                  offs_n, offs_d, D,
-                             K_FORMAT, V_FORMAT, K_NS, V_NS, D_PAD, BLOCK_N, DOT_BF16)
+                             K_FORMAT, V_FORMAT, K_NS, V_NS, K_BLK, V_BLK, D_PAD, BLOCK_N, DOT_BF16)
     if WINDOW:
         slot = tl.load(wslot_ptr + b).to(tl.int64)
         m, l, acc = _window_blocks(q_hi, q_lo, m, l, acc, j0, j1, n_code, slot, h, ks_ptr, vs_ptr, kr_ptr, vr_ptr,
@@ -326,10 +340,21 @@ def _scales_per_row(codec, fmt) -> int:
     if fmt == 1: return codec.quarters
     return codec.n_blocks if fmt in (2, 3, 4) else codec.head_dim // 32 if fmt in (5, 6) else 1
 
-def _kv_args(codec, k_pages, v_pages, dummy):
+def _block_values(codec, fmt) -> int:
+    "BLK: values per scale block of a byte format (tbq's block, ggml's 32); 0 for bf16 and hq-e8-2b."
+    return codec.block if fmt in (2, 3, 4) else 32 if fmt in (5, 6) else 0
+
+# tbq's block as a constexpr (`_block_values`) or read from D at run time (BLK 0): the prefill's 16-row tiles at
+# head_dim 512 need the constexpr (12-60 B of spills without it), the decode kernel is better without (with it ptxas
+# picks 64 or 128 registers and spills 4 B at head dims 64 and 256; `make kernel-check`)
+_CONST_BLOCK = {"decode": False, "prefill": True}
+
+def _kv_args(codec, k_pages, v_pages, dummy, kernel="decode"):
     "Key and value pages viewed for the kernels, their lookup tables and their formats' constexprs (a codec or a pair)."
     (kc, vc), (fk, fv) = _pair(codec), kernel_formats(codec)
-    meta = dict(K_FORMAT=fk, V_FORMAT=fv, K_NS=_scales_per_row(kc, fk), V_NS=_scales_per_row(vc, fv))
+    blk = _block_values if _CONST_BLOCK[kernel] else lambda c, f: 0
+    meta = dict(K_FORMAT=fk, V_FORMAT=fv, K_NS=_scales_per_row(kc, fk), V_NS=_scales_per_row(vc, fv),
+                K_BLK=blk(kc, fk), V_BLK=blk(vc, fv))
     dev = k_pages.device
     tables = _table(kc, fk, dev, dummy), _table(vc, fv, dev, dummy)
     return _page_view(k_pages, fk), _page_view(v_pages, fv), *tables, meta

@@ -32,7 +32,7 @@ def prefill_kernel(q_ptr, kn_ptr, vn_ptr, qo_ptr, k_ptr, v_ptr, indptr_ptr, indi
                    SINKS, RECENT, G, PAGE, D,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr,
                    K_FORMAT: tl.constexpr, V_FORMAT: tl.constexpr, K_NS: tl.constexpr, V_NS: tl.constexpr,
-                   WINDOW: tl.constexpr, DOT_BF16: tl.constexpr):
+                   K_BLK: tl.constexpr, V_BLK: tl.constexpr, WINDOW: tl.constexpr, DOT_BF16: tl.constexpr):
     "One (sequence, KV head, tile of packed query rows): prefix code blocks + window + causal chunk."
     b, h, mt = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     q0 = tl.load(qo_ptr + b)
@@ -64,7 +64,8 @@ def prefill_kernel(q_ptr, kn_ptr, vn_ptr, qo_ptr, k_ptr, v_ptr, indptr_ptr, indi
         m, l, acc = _code_blocks(q_hi, q_lo, m, l, acc, 0, n_code, p0, h, indices_ptr, k_ptr, v_ptr, kt_ptr, vt_ptr,
                                  stride_kp, stride_kn, stride_kh, stride_vp, stride_vn, stride_vh,
                                  PAGE, P, s_held, rec_start,
-                                 offs_n, offs_d, D, K_FORMAT, V_FORMAT, K_NS, V_NS, D_PAD, BLOCK_N, DOT_BF16)
+                                 offs_n, offs_d, D, K_FORMAT, V_FORMAT, K_NS, V_NS, K_BLK, V_BLK, D_PAD,
+                                 BLOCK_N, DOT_BF16)
         # 2. the window's exact rows of the prefix
         if WINDOW:
             slot = tl.load(wslot_ptr + b).to(tl.int64)
@@ -131,7 +132,7 @@ def prefill(q:Tensor, # float [T, Hq, D]: the chunks' queries (original domain)
     scale = 1 / math.sqrt(D) if scale is None else float(scale)
     qr = (kc.rotate(q.float()) * scale).contiguous()                # scores in the keys' domain ...
     kr, vr = kc.rotate(k_new.float()).contiguous(), vc.rotate(v_new.float()).contiguous()   # ... outputs in the values'
-    kp, vp, kt, vt, meta = _kv_args(codec, k_pages, v_pages, qr)
+    kp, vp, kt, vt, meta = _kv_args(codec, k_pages, v_pages, qr, "prefill")
     wt, wst, S, R, has_w = _window_args(window, window_slots, B, Hkv, D, dev, qr)
     o_rot = torch.empty(T, Hq, D, device=dev); lse = torch.empty(T, Hq, device=dev)
     grid = (B, Hkv, max(1, triton.cdiv(max_chunk * G, block_m)))
