@@ -41,12 +41,17 @@ def _load_blocks(ptr, rows, n_ok, ok, offs_d, table_ptr, D, FORMAT: tl.constexpr
             c = tl.load(ptr + rows + (offs_d // 32 * 34 + 2 + offs_d % 32)[None, :], mask=ok, other=0)
             x = tl.reshape(c.to(tl.int8, bitcast=True).to(tl.float32), [BLOCK_N, D_PAD // 32, 32])
             x = x * _fp16(ptr + base, bok)                     # [BLOCK_N, blocks, 1]: each block's scale, once
-        else:             # q4_0: value j in the low nibble of byte j, value j + 16 in its high nibble; code - 8
+        elif D_PAD >= 512: # q4_0: value j in the low nibble of byte j, value j + 16 in its high nibble; code - 8
             base = base[:, :, :, None]                         # [BLOCK_N, blocks, 1 (nibble), 1]
             bok = bok[:, :, :, None]
             byte = tl.load(ptr + base + 2 + tl.arange(0, 16)[None, None, None, :], mask=bok, other=0).to(tl.int32)
             hi = tl.arange(0, 2)[None, None, :, None] == 1
             x = (tl.where(hi, byte >> 4, byte & 15) - 8).to(tl.float32) * _fp16(ptr + base, bok)
+        else:             # q4_0 below 512 (each byte read for both its nibbles: the 4-D read spills at 256 on sm_90,
+            i = offs_d % 32   # the flat one at 512; `make kernel-check`)
+            byte = tl.load(ptr + rows + (offs_d // 32 * 18 + 2 + i % 16)[None, :], mask=ok, other=0).to(tl.int32)
+            x = tl.where(ok, tl.where((i < 16)[None, :], byte & 15, byte >> 4) - 8, 0).to(tl.float32)
+            x = tl.reshape(x, [BLOCK_N, D_PAD // 32, 32]) * _fp16(ptr + base, bok)
         return tl.reshape(x, [BLOCK_N, D_PAD])
     # tbq: NS blocks of blk values; index i at bits [i*FORMAT, (i+1)*FORMAT) of the block's codes, little-endian;
     # a centroid. BLK > 0 (prefill): the block is a constexpr, / and % by it are shifts or a multiply; 0 (decode): D // NS
