@@ -37,10 +37,13 @@ def _load_blocks(ptr, rows, n_ok, ok, offs_d, table_ptr, D, FORMAT: tl.constexpr
         bb = 34 if FORMAT == 5 else 18                         # bytes per block: the scale, then the codes
         bok = n_ok[:, :, None] & (ob < NS)                     # D is a multiple of 32: padded blocks read nothing
         base = rows[:, :, None] + ob * bb
-        if FORMAT == 5:   # q8_0: int8 codes
-            c = tl.load(ptr + rows + (offs_d // 32 * 34 + 2 + offs_d % 32)[None, :], mask=ok, other=0)
-            x = tl.reshape(c.to(tl.int8, bitcast=True).to(tl.float32), [BLOCK_N, D_PAD // 32, 32])
-            x = x * _fp16(ptr + base, bok)                     # [BLOCK_N, blocks, 1]: each block's scale, once
+        if FORMAT == 5:   # q8_0: int8 codes, read in pairs (int16 loads: rows, blocks and codes start at even bytes)
+            base = base[:, :, :, None]                         # [BLOCK_N, blocks, 16 pairs, 2]
+            bok = bok[:, :, :, None]
+            pair = (ptr + base + 2 + 2 * tl.arange(0, 16)[None, None, :, None]).to(tl.pointer_type(tl.int16))
+            w = tl.load(pair, mask=bok, other=0).to(tl.int32)
+            hi = tl.arange(0, 2)[None, None, None, :] == 1     # code 2j in the low byte, 2j + 1 in the high byte
+            x = tl.where(hi, w >> 8, (w << 24) >> 24).to(tl.float32) * _fp16(ptr + base, bok)
         elif D_PAD >= 512: # q4_0: value j in the low nibble of byte j, value j + 16 in its high nibble; code - 8
             base = base[:, :, :, None]                         # [BLOCK_N, blocks, 1 (nibble), 1]
             bok = bok[:, :, :, None]
