@@ -94,7 +94,8 @@ def lib() -> ctypes.CDLL:
         l.hqkv_cpu_decode.argtypes, l.hqkv_cpu_decode.restype = [ctypes.POINTER(_Args), ctypes.c_void_p], ctypes.c_int
         l.hqkv_cpu_isa.argtypes, l.hqkv_cpu_isa.restype = [ctypes.c_int], ctypes.c_int
         l.hqkv_cpu_e8_init.argtypes, l.hqkv_cpu_e8_int8.argtypes = [ctypes.c_void_p], [ctypes.c_void_p]
-        tab = e8_tables(); l.hqkv_cpu_e8_init(tab.data_ptr())         # the integer kernels' codeword table, built once
+        from hqkv.codec.e8 import _tables                             # the codec's exact int8 image of every codeword
+        l.hqkv_cpu_e8_init(_tables(torch.device("cpu"))["grid4"].contiguous().data_ptr())   # copied once
         _LIB = l
         set_isa()
     return _LIB
@@ -164,7 +165,8 @@ def e8_int8_table() -> Tensor:
 def integer_keys(codec) -> bool:
     "Whether the kernels now in use score `codec`'s keys with integer dots (and so round the query to int8)."
     kc = _pair(codec)[0]
-    return lib() is not None and _ISA == "avx512" and kc.name == "hq-e8-2b" and kc.head_dim % 64 == 0
+    lib()                                                              # the instruction set is chosen when it loads
+    return _ISA == "avx512" and kc.name == "hq-e8-2b" and kc.head_dim % 64 == 0
 
 def int8_query(qr:Tensor) -> Tensor: # qr as the kernels read it
     "`qr` [..., D] (rotated, scaled) rounded as the integer kernels round it: int8, one scale per row (max |q| / 127)."

@@ -315,22 +315,12 @@ static void softmax(float* s, int n, int G, float* m, float* l, float* acc, int6
 
 // ---------------------------------------------------------------- AVX-512 VNNI path: hq-e8-2b rows as int8, integer key dots
 // 4x a coded value is an integer in -11..11 (|pattern| in {1/2, 3/2, 5/2}, shift +-1/4), so each 16-bit codeword has an exact
-// int8 image: a 65,536 x 8-byte table (512 KiB, resident in L2) turns 8 codewords into 64 int8 values with one gather.
+// int8 image (hqkv.codec.e8 grid4, handed over once by hqkv_cpu_e8_init): 512 KiB, resident in L2; one gather turns 8 codewords into 64 int8 values.
 // Keys: the query is quantized once per call to int8 (one scale per head row) and offset to unsigned (q + 128); vpdpbusd sums
 // (q + 128) k four bytes at a time, and 128 sum(k) (the same for every head) is taken off once per 64 values; one float FMA
 // per 64 values and head applies each lane's quarter scale. Values: the int8 rows are widened to float and accumulated with
 // weights p * scale / 4 (each 16 values share a quarter). As in ggml's IQ2 dots, no value goes through a float lookup table.
-alignas(64) static uint64_t E8_INT8[65536];   // codeword -> 8 x int8: 4x its 8 values (plain C++: built on any CPU)
-static void e8_int8_init(const float* tab) {  // from hqkv.attention_cpu.e8_tables, decoded as decode_row does
-    for (int w = 0; w < 65536; ++w) {
-        const float* t = tab + 2048 + 16 * (w & 255); uint64_t x = 0;
-        for (int j = 0; j < 8; ++j) {
-            float a = tab[8 * (w >> 8) + j] + t[8 + j]; uint32_t u, m; memcpy(&u, &a, 4); memcpy(&m, t + j, 4); u ^= m;
-            float v; memcpy(&v, &u, 4); x |= (uint64_t)(uint8_t)(int8_t)lrintf(4 * v) << (8 * j);
-        }
-        E8_INT8[w] = x;
-    }
-}
+alignas(64) static uint64_t E8_INT8[65536];   // codeword -> 8 x int8: 4x its 8 values (hqkv.codec.e8 `grid4`, copied once)
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
@@ -421,7 +411,7 @@ template<class F> static void fill(int kind) {
 }
 static int g_isa = -1;                        // 2: AVX-512 VNNI (hq-e8-2b keys) + AVX2 for the rest, 1: AVX2 + FMA + F16C, 0: portable
 
-extern "C" void hqkv_cpu_e8_init(const float* tab) { e8_int8_init(tab); }   // once, when the library is loaded
+extern "C" void hqkv_cpu_e8_init(const int8_t* grid4) { memcpy(E8_INT8, grid4, sizeof E8_INT8); }   // once, at load
 extern "C" void hqkv_cpu_e8_int8(uint64_t* out) { memcpy(out, E8_INT8, sizeof E8_INT8); }   // the table (for tests)
 
 extern "C" int hqkv_cpu_isa(int want) {       // want: -1 best available, 0 portable, 1 AVX2, 2 AVX-512 (returns -1 if the CPU lacks it)
