@@ -18,8 +18,8 @@ import torch.nn.functional as F
 __all__ = ['ENV_FORMAT', 'ENV_KEY_PROFILE', 'ENV_SLIDING', 'ENV_SINKS', 'ENV_RECENT', 'WINDOW_SINKS', 'WINDOW_RECENT', 'KERNELS',
            'BACKEND_PATH', 'VLLMSettings', 'vllm_settings', 'cell_bytes', 'sliding_block_size', 'capacity_ratio',
            'PagedBatch', 'paged_batch', 'kernels_for', 'kv_views', 'store_rows', 'attend', 'attend_window',
-           'sink_capacity', 'store_window', 'store_sinks', 'window_of', 'layer_index', 'shard_profile', 'SinkBatch',
-           'register']
+           'sink_capacity', 'store_window', 'store_sinks', 'window_of', 'SinkBatch', 'sink_batch', 'layer_index',
+           'shard_profile', 'refuse_unsupported', 'register']
 
 # %% ../nbs/75_vllm.ipynb #bc108a79
 ENV_FORMAT = "HQKV_VLLM_FORMAT"            # the pages' format (e.g. hq-e8-2b, bf16); unset or "off": vLLM's own cache
@@ -66,6 +66,7 @@ class VLLMSettings:
         if sliding or self.format_for(False) in (None, "bf16"): return (0, 0)
         return (self.window_sinks, self.window_recent)
 
+# %% ../nbs/75_vllm.ipynb #145ee134
 def _count(name:str, v) -> int:
     "A window size from the environment (a string) or additional_config (an int)."
     if isinstance(v, str):
@@ -192,6 +193,7 @@ def store_rows(kv_cache:Tensor, # uint8 [num_blocks, kv_heads, block_size, 2 * r
         return store(k, v, k_pages, v_pages, s.contiguous(), codec)
     _put_cells(kv_cache, s, torch.cat([codec.encode(key[ok]), codec.encode(value[ok])], -1))
 
+# %% ../nbs/75_vllm.ipynb #7bccead1
 def attend(query:Tensor, # float [>= num_tokens, Hq, D] (profiled when a key profile is on)
            # float [>= num_tokens, kv_heads, D]: the chunk's own exact K/V (keys profiled alike)
            key:Tensor, value:Tensor,
@@ -285,6 +287,7 @@ def store_sinks(sink_cache:Tensor, # uint8 [num_blocks, kv_heads, block_size, 4 
             rows = _exact_rows(key[qo[b]:qo[b] + m], value[qo[b]:qo[b] + m], codec)
             sink_cache[int(blocks[b]), :, P:P + m] = rows.transpose(0, 1)
 
+# %% ../nbs/75_vllm.ipynb #125508ee
 def window_of(prefix_lens:Tensor, # int [B]: each request's prefix P
               sinks:int, recent:int, # the window: positions [0, sinks) and [P - recent, P)
               # the recent group's pages and batch (recent > 0)
@@ -311,6 +314,21 @@ def window_of(prefix_lens:Tensor, # int [B]: each request's prefix P
         w.k_recent[b, pos % recent], w.v_recent[b, pos % recent] = rows[..., :D], rows[..., D:]
     return w
 
+# %% ../nbs/75_vllm.ipynb #94f2cc57
+@dataclass(slots=True)
+class SinkBatch:
+    "One step's sink group: each request's one sink block."
+    blocks: Tensor       # int64 [B] (CPU)
+    prefix_lens: Tensor  # int32 [B]: as the coded pages' batch has them (checked)
+
+def sink_batch(query_start_loc:Tensor, # int [B+1], as `paged_batch`
+               seq_lens:Tensor, # int [B]
+               block_table:Tensor, # int [B, max_blocks]: the sink group's (one block per request)
+              ) -> SinkBatch:
+    "vLLM's per-step metadata of the sink group -> `SinkBatch`."
+    qsl, B = query_start_loc.cpu().long(), seq_lens.shape[0]
+    return SinkBatch(block_table[:B, 0].cpu().long(), (seq_lens.cpu().long() - (qsl[1:] - qsl[:-1])).to(torch.int32))
+
 # %% ../nbs/75_vllm.ipynb #dd25685a
 def layer_index(layer_name:str) -> int:
     "The decoder layer number in a vLLM attention layer's name ('model.layers.12.self_attn.attn' -> 12)."
@@ -330,290 +348,21 @@ def shard_profile(profile, # a `hqkv.keyprofile.KeyProfile` over all KV heads
     else: r = rank * H // world; sl = slice(r, r + 1)
     return dataclasses.replace(profile, mu=profile.mu[:, sl], sigma=profile.sigma[:, sl])
 
-# %% ../nbs/75_vllm.ipynb #d28095b1
-_CLASSES: dict = {}
-# (full format, sliding format, head_dim) -> the sliding layers' block size, fixed at first use
-_SLIDING_BLOCK: dict = {}
-
-def _profile_for(settings:VLLMSettings):
-    "The key profile of this process's tensor-parallel rank, or None."
-    if settings.key_profile is None: return None
-    from hqkv.keyprofile import KeyProfile
-    prof = KeyProfile.load(settings.key_profile)
-    try:
-        from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
-        rank, world = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
-    except Exception: rank, world = 0, 1     # no distributed state (a unit test)
-    return shard_profile(prof, rank, world)
-
-def _current_settings() -> VLLMSettings:
-    try:
-        from vllm.config import get_current_vllm_config_or_none
-        cfg = get_current_vllm_config_or_none()
-    except ImportError: cfg = None
-    return vllm_settings(additional_config=getattr(cfg, "additional_config", None) or {})
-
-# %% ../nbs/75_vllm.ipynb #96770f19
-@dataclass(slots=True)
-class SinkBatch:
-    "One step's sink group: each request's one sink block."
-    blocks: Tensor       # int64 [B] (CPU)
-    prefix_lens: Tensor  # int32 [B]: as the coded pages' batch has them (checked)
-
-def _paired_block(full_format:str, other_format:str, head_dim:int) -> int:
-    "The block size of a page group in `other_format` whose page has a full-attention page's bytes, fixed at first use."
-    key = (full_format, other_format, head_dim)
-    if key not in _SLIDING_BLOCK:    # first call: vLLM later rewrites cache_config.block_size to the smallest group's
-        from vllm.config import get_current_vllm_config_or_none
-        cfg = get_current_vllm_config_or_none()
-        bs = getattr(getattr(cfg, "cache_config", None), "block_size", None) or 128
-        _SLIDING_BLOCK[key] = sliding_block_size(bs, *key)
-    return _SLIDING_BLOCK[key]
-
-def _builder_class():
-    from vllm.v1.attention.backend import AttentionMetadataBuilder
-    class HQKVMetadataBuilder(AttentionMetadataBuilder):
-        "vLLM's common metadata -> `PagedBatch`, once per step (per KV cache group: the coded pages' and the window's)."
-        def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
-            super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-            self.block_size = kv_cache_spec.block_size
-        def build(self, common_prefix_len, common_attn_metadata, fast_build=False) -> PagedBatch:
-            c = common_attn_metadata
-            return paged_batch(c.query_start_loc_cpu, c.seq_lens, c.block_table_tensor, c.slot_mapping, self.block_size,
-                               c.num_actual_tokens)
-
-    class HQKVSinkBuilder(HQKVMetadataBuilder):
-        "The sink group's metadata: one block per request (its block table's first column)."
-        def build(self, common_prefix_len, common_attn_metadata, fast_build=False) -> SinkBatch:
-            c = common_attn_metadata
-            qsl, B = c.query_start_loc_cpu.long(), c.seq_lens.shape[0]
-            return SinkBatch(c.block_table_tensor[:B, 0].cpu().long(),
-                             (c.seq_lens.cpu().long() - (qsl[1:] - qsl[:-1])).to(torch.int32))
-    return HQKVMetadataBuilder, HQKVSinkBuilder
-
-# %% ../nbs/75_vllm.ipynb #02259da6
-def _add_window_layers(self):
-    "Put the window layers of `self` (an `HQKVAttentionImpl`) beside it."
-    # after loading, before vLLM asks every layer for its KV cache spec
-    parts = {k: n for k, n in (("sinks", self.sinks), ("recent", self.recent)) if n and k not in self.window}
-    if not parts: return
-    cap = _paired_block(self.codec.name, "bf16", self.head_size)
-    if self.sinks > cap:
-        raise ValueError(f"hqkv vllm: window_sinks={self.sinks} does not fit one sink page ({cap} bf16 tokens at "
-                         f"head_dim {self.head_size} beside {self.codec.name} pages); use window_sinks <= {cap} or a "
-                         "larger --block-size")
-    name = next((n for n, l in (self._context or {}).items() if getattr(l, "impl", None) is self), None)
-    if name is None:
-        raise RuntimeError("hqkv vllm: this attention layer is not in vLLM's forward context, so its exact window "
-                           "has nowhere to go")
-    for kind, n in parts.items():
-        w = _CLASSES["HQKVWindowLayer"](f"{name}.hqkv_{kind}", self.num_kv_heads, self.head_size, self.codec.name,
-                                        kind, n)
-        if w.layer_name in self._context: raise ValueError(f"Duplicate layer name: {w.layer_name}")
-        self._context[w.layer_name] = self.window[kind] = w
-
-def _exact_window(self, batch:PagedBatch, k:Tensor, v:Tensor) -> ExactWindow:
-    "Store the step's rows in the window's page groups of `self` (an `HQKVAttentionImpl`); read each request's window."
-    if len(self.window) != bool(self.sinks) + bool(self.recent):
-        raise RuntimeError(f"hqkv vllm: window {self.sinks}+{self.recent} but its layers were not added "
-                           "(process_weights_after_loading did not run)")
-    from vllm.forward_context import get_forward_context
-    md = get_forward_context().attn_metadata
-    if not isinstance(md, dict):
-        raise NotImplementedError(f"hqkv vllm: the exact window needs per-layer metadata, got {type(md).__name__} "
-                                  "(speculative decoding is not supported)")
-    got = {kind: (md[w.layer_name], w.kv_cache) for kind, w in self.window.items()}
-    if any(not torch.equal(b.prefix_lens, batch.prefix_lens) for b, _ in got.values()):
-        raise RuntimeError("hqkv vllm: a window group's batch disagrees with the coded pages' batch")
-    (wb, wc), (sb, sc) = got.get("recent", (None, None)), got.get("sinks", (None, None))
-    if wc is not None: store_window(wc, k, v, wb.slot_mapping, self.codec)
-    if sc is not None: store_sinks(sc, k, v, batch, sb.blocks, self.sinks, self.codec)
-    return window_of(batch.prefix_lens, self.sinks, self.recent, wc, wb, sc, None if sb is None else sb.blocks)
-
-# %% ../nbs/75_vllm.ipynb #bed62373
-def _impl_class():
-    from vllm.v1.attention.backend import AttentionImpl, AttentionType
-    from vllm.logger import init_logger
-    log = init_logger("vllm.hqkv")
-
-    class HQKVAttentionImpl(AttentionImpl):
-        "Store through slot_mapping, attend over the coded pages, the exact window from its own page group."
-        # the attention: hqkv's torch reference on CPU, its Triton kernels on CUDA (`kernels_for`)
-        def __init__(self, num_heads, head_size, scale, num_kv_heads=None, alibi_slopes=None, sliding_window=None,
-                     kv_cache_dtype="auto", logits_soft_cap=None, attn_type=AttentionType.DECODER,
-                     kv_sharing_target_layer_name=None, sinks=None, **kwargs):
-            what = [n for n, bad in (("alibi_slopes", alibi_slopes is not None),
-                                     ("logits_soft_cap", bool(logits_soft_cap)), ("attention sinks", sinks is not None),
-                                     (f"attn_type={attn_type}", attn_type != AttentionType.DECODER),
-                                     (f"kv_cache_dtype={kv_cache_dtype}", kv_cache_dtype != "auto"),
-                                     ("kwargs " + ",".join(kwargs), bool(kwargs))) if bad]
-            if what: raise NotImplementedError(f"hqkv vllm backend does not implement {', '.join(what)}")
-            self.num_heads, self.head_size, self.scale = num_heads, head_size, float(scale)
-            self.num_kv_heads = num_kv_heads or num_heads
-            self.kv_cache_dtype, self.attn_type, self.sliding_window = kv_cache_dtype, attn_type, sliding_window
-            self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
-            self.settings = _current_settings()
-            if not self.settings.enabled:
-                raise RuntimeError(f"hqkv vllm backend is registered but no format is set ({ENV_FORMAT} or "
-                                   "additional_config['hqkv'])")
-            self.codec = get_codec(self.settings.format_for(sliding_window is not None), head_size)
-            self.sinks, self.recent = self.settings.window_for(sliding_window is not None)
-            self.window = {}  # "sinks" / "recent": the `HQKVWindowLayer`s beside this layer (added after loading)
-            from vllm.config import get_current_vllm_config_or_none
-            cfg = get_current_vllm_config_or_none()
-            self._context = None if cfg is None else cfg.compilation_config.static_forward_context
-            self.profile = _profile_for(self.settings)
-            prof = self.profile
-            if prof is not None and (prof.kv_heads, prof.head_dim) != (self.num_kv_heads, head_size):
-                raise ValueError(f"hqkv vllm: key profile is {self.profile.kv_heads} KV heads x "
-                                 f"{self.profile.head_dim}, this layer {self.num_kv_heads} x {head_size}")
-            self._slot = {}
-            log.info_once(f"hqkv pages: kv_format={self.codec.name} head_dim={head_size} "
-                          f"cell_bytes={cell_bytes(self.codec.name, head_size)} kv_heads={self.num_kv_heads} "
-                          f"window={self.sinks}+{self.recent} "
-                          f"key_profile={'off' if self.profile is None else self.settings.key_profile}")
-
-        def process_weights_after_loading(self, act_dtype): _add_window_layers(self)
-
-        def _profile_slot(self, layer) -> int|None:
-            "The layer's slot in the key profile, or None when the profile has none (e.g. Gemma 3's sliding layers)."
-            name = layer.layer_name
-            if name not in self._slot:
-                i = layer_index(name)
-                self._slot[name] = self.profile.layers.index(i) if i in self.profile.layers else None
-            return self._slot[name]
-
-        def _exact_window(self, batch:PagedBatch, k:Tensor, v:Tensor) -> ExactWindow:
-            return _exact_window(self, batch, k, v)
-
-        def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None,
-                    output_block_scale=None):
-            if output_scale is not None or output_block_scale is not None:
-                raise NotImplementedError("hqkv vllm backend: fused output quantization")
-            if attn_metadata is None: return output                  # vLLM's warm-up / profile run
-            T = attn_metadata.num_tokens
-            q = query[:T].view(T, self.num_heads, self.head_size)
-            k = key[:T].view(T, self.num_kv_heads, self.head_size)
-            v = value[:T].view(T, self.num_kv_heads, self.head_size)
-            slot = None if self.profile is None else self._profile_slot(layer)
-            if slot is not None: k, q = self.profile.apply_keys(slot, k), self.profile.apply_query(slot, q)
-            kernels = kernels_for(kv_cache.device)
-            store_rows(kv_cache, k, v, attn_metadata.slot_mapping, self.codec, kernels)
-            if self.sliding_window is not None:
-                o = attend_window(q, k, v, kv_cache, attn_metadata, self.codec, self.scale, self.sliding_window)
-            else:
-                win = self._exact_window(attn_metadata, k, v) if self.sinks or self.recent else None
-                o = attend(q, k, v, kv_cache, attn_metadata, self.codec, self.scale, window=win, kernels=kernels)
-            output[:T].copy_(o.reshape(output[:T].shape).to(output.dtype))
-            return output
-    return HQKVAttentionImpl
-
-# %% ../nbs/75_vllm.ipynb #806c73ea
-def _backend_classes(builder, sink_builder, impl):
-    from vllm.v1.attention.backend import AttentionBackend, MultipleOf
-    from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheLayout, SlidingWindowSpec
-
-    class HQKVAttentionBackend(AttentionBackend):
-        "vLLM attention backend whose pages hold hqkv rows: [blocks, kv_heads, block_size, key row | value row] uint8."
-        forward_includes_kv_cache_update = True
-        supported_dtypes = [torch.float16, torch.bfloat16, torch.float32]
-        supported_kv_cache_dtypes = ["auto"]
-        @staticmethod
-        def get_name() -> str:                       # the enum slot it overrides (vLLM looks the name up in the enum)
-            from vllm.platforms import current_platform
-            return "CPU_ATTN" if current_platform.is_cpu() else "CUSTOM"
-        @staticmethod
-        def get_impl_cls(): return impl
-        @staticmethod
-        def get_builder_cls(): return builder
-        @staticmethod
-        def get_supported_kernel_block_sizes(kv_cache_spec=None):
-            "Sliding layers in another format than the full ones: the one block size whose page matches the full page."
-            s = _current_settings()
-            if isinstance(kv_cache_spec, SlidingWindowSpec) and s.enabled and s.format_for(True) != s.format_for(False):
-                return [_paired_block(s.format_for(False), s.format_for(True), kv_cache_spec.head_size)]
-            return [MultipleOf(16)]
-        @classmethod
-        def supported_kv_cache_layouts(cls): return (KVCacheLayout.LBHNC,)
-        @classmethod
-        def supports_sliding_window(cls) -> bool: return True
-        @classmethod
-        def supports_head_size(cls, head_size:int) -> bool:
-            try: get_codec(_current_settings().kv_format or "bf16", head_size); return True
-            except ValueError: return False
-        @classmethod
-        def customize_spec(cls, spec:AttentionSpec) -> AttentionSpec:
-            "One cell = key row + value row of the format, in bytes: vLLM sizes pages (and counts capacity) from this."
-            s = _current_settings()
-            if spec.state_content_bytes is not None or not s.enabled: return spec
-            if spec.head_size_v != spec.head_size:
-                raise NotImplementedError(f"hqkv vllm: head_size_v {spec.head_size_v} != head_size {spec.head_size}")
-            fmt = s.format_for(isinstance(spec, SlidingWindowSpec))
-            return dataclasses.replace(spec, dtype=torch.uint8, state_content_bytes=cell_bytes(fmt, spec.head_size))
-
-    class HQKVWindowBackend(HQKVAttentionBackend):
-        "The exact window's recent rows, which its coded layer reads."
-        # pages: [blocks, kv_heads, block_size, bf16 key row | bf16 value row] as uint8
-        @staticmethod
-        def get_supported_kernel_block_sizes(kv_cache_spec=None):
-            return [_paired_block(_current_settings().format_for(False), "bf16", kv_cache_spec.head_size)]
-
-    class HQKVSinkBackend(HQKVWindowBackend):
-        "The exact window's sinks: the same cells, one block per request."
-        @staticmethod
-        def get_builder_cls(): return sink_builder
-    return HQKVAttentionBackend, HQKVWindowBackend, HQKVSinkBackend
-
-# %% ../nbs/75_vllm.ipynb #9e43f4d3
-def _window_layer_class(recent_backend, sink_backend):
-    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
-    from vllm.v1.kv_cache_interface import CircularBufferSpec, SlidingWindowSpec
-
-    class HQKVWindowLayer(AttentionLayerBase):
-        "One part of a coded layer's exact window, in its own KV cache group of bf16 rows."
-        # kind 'recent': the latest `n` tokens; 'sinks': the first `n`
-        def __init__(self, layer_name:str, num_kv_heads:int, head_size:int, kv_format:str, kind:str, n:int):
-            if kind not in ("recent", "sinks"):
-                raise ValueError(f"HQKVWindowLayer: kind must be 'recent' or 'sinks', got {kind!r}")
-            self.layer_name, self.num_kv_heads, self.head_size = layer_name, num_kv_heads, head_size
-            self.kv_format, self.kind, self.n = kv_format, kind, n
-            self.kv_cache = torch.tensor([])
-        def get_attn_backend(self): return recent_backend if self.kind == "recent" else sink_backend
-        def get_kv_cache_spec(self, vllm_config):
-            common = dict(block_size=_paired_block(self.kv_format, "bf16", self.head_size),
-                          num_kv_heads=self.num_kv_heads, head_size=self.head_size,
-                          dtype=torch.uint8, state_content_bytes=cell_bytes("bf16", self.head_size))
-            # recent: vLLM keeps the `n` rows before each chunk (a window of n + 1 counts the query);
-            # sinks: one block per request for its life
-            if self.kind == "recent": return SlidingWindowSpec(sliding_window=self.n + 1, **common)
-            return CircularBufferSpec(**common)
-        def __repr__(self):
-            return (f"HQKVWindowLayer({self.layer_name!r}, {self.kind}={self.n}, kv_heads={self.num_kv_heads}, "
-                    f"head_size={self.head_size})")
-    return HQKVWindowLayer
-
-# %% ../nbs/75_vllm.ipynb #02456427
-_NAMES = ("HQKVAttentionBackend", "HQKVWindowBackend", "HQKVSinkBackend",
-          "HQKVAttentionImpl", "HQKVMetadataBuilder", "HQKVSinkBuilder", "HQKVWindowLayer")
-
-def _build_classes() -> dict:
-    "Define the vLLM classes (needs vllm)."
-    (builder, sink_builder), impl = _builder_class(), _impl_class()
-    backend, recent_backend, sink_backend = _backend_classes(builder, sink_builder, impl)
-    return dict(zip(_NAMES,
-                    (backend, recent_backend, sink_backend, impl, builder, sink_builder,
-                     _window_layer_class(recent_backend, sink_backend))))
-
-def __getattr__(name):
-    if name in _NAMES:
-        if not _CLASSES:
-            try: _CLASSES.update(_build_classes())
-            except ImportError as e: raise AttributeError(f"hqkv.vllm.{name} needs vllm installed ({e})") from e
-        return _CLASSES[name]
-    raise AttributeError(f"module 'hqkv.vllm' has no attribute {name!r}")
+# %% ../nbs/75_vllm.ipynb #d53033f3
+def refuse_unsupported(alibi_slopes=None, logits_soft_cap=None, sinks=None, # vLLM's AttentionImpl arguments
+                       attn_type="decoder", kv_cache_dtype="auto",
+                       decoder="decoder", # vLLM's AttentionType.DECODER
+                       **kwargs): # any other argument the impl was given
+    "Raise NotImplementedError naming every feature of a layer the hqkv backend does not implement."
+    what = [n for n, bad in (("alibi_slopes", alibi_slopes is not None),
+                             ("logits_soft_cap", bool(logits_soft_cap)), ("attention sinks", sinks is not None),
+                             (f"attn_type={attn_type}", attn_type != decoder),
+                             (f"kv_cache_dtype={kv_cache_dtype}", kv_cache_dtype != "auto"),
+                             ("kwargs " + ",".join(kwargs), bool(kwargs))) if bad]
+    if what: raise NotImplementedError(f"hqkv vllm backend does not implement {', '.join(what)}")
 
 # %% ../nbs/75_vllm.ipynb #aef16c58
-BACKEND_PATH = "hqkv.vllm.HQKVAttentionBackend"
+BACKEND_PATH = "hqkv.vllm_backend.HQKVAttentionBackend"  # imported by vLLM when it picks the backend
 
 def register(env:dict|None=None) -> str|None: # the backend path registered, or None when off
     "vLLM general plugin: route attention to hqkv pages when HQKV_VLLM_FORMAT is set."

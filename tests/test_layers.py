@@ -31,7 +31,8 @@ LAYERS = [  # lowest first; a module may import any module of a lower layer
     ["model_cache"],                    # the engine's model: loaded once per process, device checks, stop ids
     ["engine"],
     ["openai_api", "loadtest"],         # OpenAI request fields checked at the door; streaming clients for a load test
-    ["cli", "serve", "vllm"],
+    ["cli", "serve", "vllm"],           # ... vllm: the vLLM plugin's settings, pages and attention (no vLLM import)
+    ["vllm_backend"],                   # the plugin's vLLM classes (imports vllm at its top; only vLLM imports it)
     ["commands"],                       # the command line's commands (imports everything)
 ]
 
