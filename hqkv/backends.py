@@ -275,6 +275,8 @@ class PagedPlan:
     # the backend's per-step decode plan (made at the first layer; the CPU kernels' `DecodePlan`)
     dec_call: object = None
 
+
+# %% ../nbs/36_backends.ipynb #9623f1d3
 class PagedAttn:
     "Every decode row in one paged-decode call, every prefill chunk in one paged-prefill call."
     # the calls: the torch reference, the Triton kernels or the CPU kernels
@@ -314,32 +316,36 @@ class PagedAttn:
         kc, vc = kv.k_codecs[li], kv.v_codecs[li]
         self._store(k.float().contiguous(), v.float().contiguous(), kv.pool.k(li), kv.pool.v(li), slots,
                     kc if kc is vc else (kc, vc), check=False)
-    def attend(self, kv, step, li, q, k, v, scale, softcap=None):
-        if softcap is not None:
-            raise ValueError(f"the {self.name} attention backend has no logit soft-capping (softcap={softcap}); "
-                             "use attn='gather'")
-        p, w = step.attn, (kv.windows[li] if kv.windows is not None else None)
-        kp, vp, kc, vc = kv.pool.k(li), kv.pool.v(li), kv.k_codecs[li], kv.v_codecs[li]
-        c = kc if kc is vc else (kc, vc)                 # keys in another format than values: a (key, value) pair
-        kr, vr = (kc.rotate(k.float()), vc.rotate(v.float())) if w is not None else (None, None)
-        o = torch.empty_like(q)
-        if p.dec:
-            _window_append(kv, step, li, p.dec, kr, vr)  # the token is in its pages and window before it attends
-            t, lanes = p.dec_table, (p.dec_lanes if w is not None else None)
-            if self._plan_decode is None:
-                o[p.dec_rows] = self._decode(q[p.dec_rows], kp, vp, t.indptr, t.indices, t.last_page_len, c, scale,
-                                             window=w, window_slots=lanes).to(o.dtype)
-            else:                                        # the table checked and split once per step, not once per layer
-                if p.dec_call is None:
-                    p.dec_call = self._plan_decode(kp, vp, t.indptr, t.indices, t.last_page_len, c, w, lanes)
-                o[p.dec_rows] = p.dec_call.run(q[p.dec_rows], kp, vp, c, scale, window=w).to(o.dtype)
-        if p.pre:
-            t, r = p.pre_table, p.pre_rows
-            extra = dict(max_chunk=p.pre_max) if self._chunk_arg else {}
-            o[r] = self._prefill(q[r], k[r], v[r], p.pre_qo, kp, vp, t.indptr, t.indices, p.pre_prefix, c, scale,
-                                 window=w, window_slots=p.pre_lanes if w is not None else None, **extra).to(o.dtype)
-            _window_append(kv, step, li, p.pre, kr, vr)  # the window holds just the prefix while the chunk attends
-        return o
+
+# %% ../nbs/36_backends.ipynb #d7aa927c
+@patch
+def attend(self:PagedAttn, kv, step, li, q, k, v, scale, softcap=None):
+    "Layer `li` of the step: the new rows into the window, decode rows in one paged-decode call, prefill chunks in one."
+    if softcap is not None:
+        raise ValueError(f"the {self.name} attention backend has no logit soft-capping (softcap={softcap}); "
+                         "use attn='gather'")
+    p, w = step.attn, (kv.windows[li] if kv.windows is not None else None)
+    kp, vp, kc, vc = kv.pool.k(li), kv.pool.v(li), kv.k_codecs[li], kv.v_codecs[li]
+    c = kc if kc is vc else (kc, vc)                 # keys in another format than values: a (key, value) pair
+    kr, vr = (kc.rotate(k.float()), vc.rotate(v.float())) if w is not None else (None, None)
+    o = torch.empty_like(q)
+    if p.dec:
+        _window_append(kv, step, li, p.dec, kr, vr)  # the token is in its pages and window before it attends
+        t, lanes = p.dec_table, (p.dec_lanes if w is not None else None)
+        if self._plan_decode is None:
+            o[p.dec_rows] = self._decode(q[p.dec_rows], kp, vp, t.indptr, t.indices, t.last_page_len, c, scale,
+                                         window=w, window_slots=lanes).to(o.dtype)
+        else:                                        # the table checked and split once per step, not once per layer
+            if p.dec_call is None:
+                p.dec_call = self._plan_decode(kp, vp, t.indptr, t.indices, t.last_page_len, c, w, lanes)
+            o[p.dec_rows] = p.dec_call.run(q[p.dec_rows], kp, vp, c, scale, window=w).to(o.dtype)
+    if p.pre:
+        t, r = p.pre_table, p.pre_rows
+        extra = dict(max_chunk=p.pre_max) if self._chunk_arg else {}
+        o[r] = self._prefill(q[r], k[r], v[r], p.pre_qo, kp, vp, t.indptr, t.indices, p.pre_prefix, c, scale,
+                             window=w, window_slots=p.pre_lanes if w is not None else None, **extra).to(o.dtype)
+        _window_append(kv, step, li, p.pre, kr, vr)  # the window holds just the prefix while the chunk attends
+    return o
 
 # %% ../nbs/36_backends.ipynb #9bd30b70
 def _triton_backend() -> PagedAttn:
@@ -365,6 +371,8 @@ def triton_kernels_read(pool:KVPool) -> bool:
     except ValueError: return False
     return True   # the store kernel codes rows as they come
 
+
+# %% ../nbs/36_backends.ipynb #05bdfb64
 def _cpu_backend() -> PagedAttn:
     "The CPU kernels that read pages in place (`hqkv.attention_cpu`)."
     # built with g++ on first use; a missing compiler is a named error
@@ -383,6 +391,8 @@ def get_backend(name:str) -> AttnBackend:
     if name == "cpu": return _cpu_backend()
     raise ValueError(f"unknown attention backend {name!r}; choose one of {', '.join(ATTN_BACKENDS)}")
 
+
+# %% ../nbs/36_backends.ipynb #cedeafac
 _CPU_WARNED = []   # the reason the CPU kernels cannot run here, once warned
 
 def cpu_kernels_read(pool:KVPool) -> bool:

@@ -31,6 +31,36 @@ def _check_slot(slot, n):
     if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < n:
         raise ValueError(f"layer_slot must be an int in [0, {n}), got {slot!r}")
 
+# %% ../nbs/14b_keyprofile.ipynb #5fdaebb6
+def _check_profile(p):
+    "Validate a `KeyProfile` as it is made: shapes, finite values, sigma > 0, the fields' types."
+    for n in ("mu", "sigma"):
+        t = getattr(p, n)
+        if not isinstance(t, Tensor) or not t.is_floating_point() or t.ndim != 3:
+            raise TypeError(f"KeyProfile.{n} must be a float tensor [n_attn_layers, kv_heads, head_dim], got "
+                            f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
+        setattr(p, n, t.detach().to(torch.float32).contiguous())
+    if p.mu.shape != p.sigma.shape:
+        raise ValueError(f"KeyProfile: mu {tuple(p.mu.shape)} and sigma {tuple(p.sigma.shape)} differ")
+    if not bool(torch.isfinite(p.mu).all()) or not bool(torch.isfinite(p.sigma).all()):
+        raise ValueError("KeyProfile: mu and sigma must be finite")
+    if not bool((p.sigma > 0).all()): raise ValueError("KeyProfile: sigma must be > 0 everywhere")
+    if not isinstance(p.model, ModelIdentity):
+        raise TypeError(f"KeyProfile.model must be a ModelIdentity, got {type(p.model).__name__}")
+    p.layers = tuple(p.layers)
+    if len(p.layers) != p.mu.shape[0] or not all(isinstance(l, int) and l >= 0 for l in p.layers):
+        raise ValueError(f"KeyProfile.layers must be {p.mu.shape[0]} model layer indices, got {p.layers}")
+    if p.mode not in MODES: raise ValueError(f"KeyProfile.mode must be one of {MODES}, got {p.mode!r}")
+    if isinstance(p.n_tokens, bool) or not isinstance(p.n_tokens, int) or p.n_tokens < 0:
+        raise ValueError(f"KeyProfile.n_tokens must be an int >= 0, got {p.n_tokens!r}")
+    if p.version != PROFILE_VERSION:
+        raise ValueError(f"KeyProfile version {p.version!r} is not supported (this hqkv reads version "
+                         f"{PROFILE_VERSION})")
+    if (not isinstance(p.plans, dict)
+            or not all(isinstance(k, str) and isinstance(v, dict) for k, v in p.plans.items())):
+        raise TypeError(f"KeyProfile.plans must map a base format to a plan dict, got {p.plans!r}")
+
+# %% ../nbs/14b_keyprofile.ipynb #e3cec8f3
 @dataclass(slots=True)
 class KeyProfile:
     "Per (attention layer, KV head, channel) key mean `mu` and scale `sigma`."
@@ -47,32 +77,7 @@ class KeyProfile:
     # base format -> a `hqkv.bitplan.BitPlan` as a dict (`hqkv calibrate --budget`)
     plans: dict = dataclasses.field(default_factory=dict)
 
-    def __post_init__(self):
-        for n in ("mu", "sigma"):
-            t = getattr(self, n)
-            if not isinstance(t, Tensor) or not t.is_floating_point() or t.ndim != 3:
-                raise TypeError(f"KeyProfile.{n} must be a float tensor [n_attn_layers, kv_heads, head_dim], got "
-                                f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
-            setattr(self, n, t.detach().to(torch.float32).contiguous())
-        if self.mu.shape != self.sigma.shape:
-            raise ValueError(f"KeyProfile: mu {tuple(self.mu.shape)} and sigma {tuple(self.sigma.shape)} differ")
-        if not bool(torch.isfinite(self.mu).all()) or not bool(torch.isfinite(self.sigma).all()):
-            raise ValueError("KeyProfile: mu and sigma must be finite")
-        if not bool((self.sigma > 0).all()): raise ValueError("KeyProfile: sigma must be > 0 everywhere")
-        if not isinstance(self.model, ModelIdentity):
-            raise TypeError(f"KeyProfile.model must be a ModelIdentity, got {type(self.model).__name__}")
-        self.layers = tuple(self.layers)
-        if len(self.layers) != self.mu.shape[0] or not all(isinstance(l, int) and l >= 0 for l in self.layers):
-            raise ValueError(f"KeyProfile.layers must be {self.mu.shape[0]} model layer indices, got {self.layers}")
-        if self.mode not in MODES: raise ValueError(f"KeyProfile.mode must be one of {MODES}, got {self.mode!r}")
-        if isinstance(self.n_tokens, bool) or not isinstance(self.n_tokens, int) or self.n_tokens < 0:
-            raise ValueError(f"KeyProfile.n_tokens must be an int >= 0, got {self.n_tokens!r}")
-        if self.version != PROFILE_VERSION:
-            raise ValueError(f"KeyProfile version {self.version!r} is not supported (this hqkv reads version "
-                             f"{PROFILE_VERSION})")
-        if (not isinstance(self.plans, dict)
-                or not all(isinstance(k, str) and isinstance(v, dict) for k, v in self.plans.items())):
-            raise TypeError(f"KeyProfile.plans must map a base format to a plan dict, got {self.plans!r}")
+    def __post_init__(self): _check_profile(self)
 
     @property
     def n_layers(self) -> int: return self.mu.shape[0]
@@ -105,7 +110,8 @@ def _vec(self:KeyProfile, t:Tensor, slot:int, x:Tensor, heads:int, what:str) -> 
     if x.ndim < 2 or x.shape[-1] != D or x.shape[-2] % H or (heads and x.shape[-2] != H):
         want = f"[..., {H}, {D}]" if heads else f"[..., a multiple of {H} heads, {D}]"
         raise ValueError(f"KeyProfile.{what}: expected {want}, got {tuple(x.shape)}")
-    return t[slot].to(x.device).repeat_interleave(x.shape[-2] // H, 0)   # GQA: query head h uses KV head h // group
+    v, g = t[slot].to(x.device), x.shape[-2] // H
+    return v if g == 1 else v.repeat_interleave(g, 0)   # GQA: query head h uses KV head h // group
 
 @patch
 def apply_keys(self:KeyProfile, layer_slot:int, # which attention layer (index into `layers`)

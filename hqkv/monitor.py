@@ -97,6 +97,51 @@ def _fig_summary(s:PoolSample) -> str:
             f"{s.retained} · free {s.free} of {s.total} pages · prefix-reused "
             f"{m['hqkv_kv_prefix_reused_tokens_total']:,} tokens · evictions {m['hqkv_kv_pool_evictions_total']}")
 
+# %% ../nbs/60_monitor.ipynb #3d175c3d
+def _draw_bands(ax, samples, now):
+    "The left panel: the page bands as steps (a sample's state holds until the next sample), stacked."
+    xs = [s.step for s in samples]
+    xs.append(xs[-1] + (xs[-1] - xs[-2] if len(xs) > 1 and xs[-1] > xs[-2] else 1))
+    base = [0] * len(xs)
+    for b, color in BAND_COLORS.items():
+        ys = [getattr(s, b) for s in samples]; ys.append(ys[-1])
+        top = [lo + y for lo, y in zip(base, ys)]
+        ax.fill_between(xs, base, top, step="post", color=color, linewidth=0, label=b)
+        base = top
+    ax.set_xlim(xs[0], xs[-1]); ax.set_ylim(0, now.total * 1.02)
+    ax.axhline(now.total, color="black", linewidth=0.6)
+    if now is not samples[-1]: ax.axvline(now.step, color="black", linestyle="--", linewidth=0.9)
+    ax.legend(loc="lower left", bbox_to_anchor=(0, 1.06), ncols=4, fontsize=8, frameon=False, borderaxespad=0,
+              handlelength=1.2)
+
+# %% ../nbs/60_monitor.ipynb #79dd82d4
+def _draw_requests(bx, now, max_bars):
+    "The right panel: used (shared hatched) and reserved pages of the live requests at `now`."
+    title = f"pages per live request at step {now.step}"
+    seqs = sorted(now.seqs, key=lambda q: q.used + q.reserved, reverse=True)[:max_bars]
+    seqs.sort(key=lambda q: now.seqs.index(q))   # admission order, oldest on top
+    if len(seqs) < len(now.seqs): title += f" ({len(seqs)} of {len(now.seqs)} shown)"
+    bx.set_title(title, loc="left", fontsize=10)
+    if not seqs:
+        bx.text(0.5, 0.5, "no live requests", ha="center", va="center", transform=bx.transAxes, color="gray")
+        bx.set_xticks([]); bx.set_yticks([])
+        return
+    y = list(range(len(seqs)))[::-1]
+    shared, own, res = [q.shared for q in seqs], [q.used - q.shared for q in seqs], [q.reserved for q in seqs]
+    bx.barh(y, shared, color=BAND_COLORS["used"], alpha=0.55, hatch="///", edgecolor="white", linewidth=0,
+            label="used, shared")
+    bx.barh(y, own, left=shared, color=BAND_COLORS["used"], label="used")
+    bx.barh(y, res, left=[a + b for a, b in zip(shared, own)], color=BAND_COLORS["reserved"], label="reserved")
+    bx.set_yticks(y, [str(q.seq_id)[:14] for q in seqs], fontsize=8)
+    top = max(max(q.used + q.reserved for q in seqs), 1)
+    for yi, q in zip(y, seqs):
+        bx.text(q.used + q.reserved + top * 0.02, yi, f"{q.tokens}/{q.bound_tokens} tok", va="center", fontsize=7,
+                color="dimgray")
+    bx.set_xlim(0, top * 1.35)
+    bx.set_ylim(-0.6, max(len(seqs), 4) - 0.4)
+    bx.legend(loc="lower left", bbox_to_anchor=(0, 1.06), ncols=3, fontsize=8, frameon=False, borderaxespad=0,
+              handlelength=1.2)
+
 # %% ../nbs/60_monitor.ipynb #93fd2f95
 def pool_figure(samples,                 # `PoolSample`s in step order (e.g. `PoolMonitor.history`)
                 caption:str="",          # text under the plots (the monitor passes the pool's plan line)
@@ -132,45 +177,8 @@ def pool_figure(samples,                 # `PoolSample`s in step order (e.g. `Po
             a.set_xticks([]); a.set_yticks([])
         return fig
     fig.suptitle(_fig_summary(now), fontsize=9.5, x=0.01, ha="left")
-    # left: the bands as steps (a sample's state holds until the next sample), stacked
-    xs = [s.step for s in samples]
-    xs.append(xs[-1] + (xs[-1] - xs[-2] if len(xs) > 1 and xs[-1] > xs[-2] else 1))
-    base = [0] * len(xs)
-    for b, color in BAND_COLORS.items():
-        ys = [getattr(s, b) for s in samples]; ys.append(ys[-1])
-        top = [lo + y for lo, y in zip(base, ys)]
-        ax.fill_between(xs, base, top, step="post", color=color, linewidth=0, label=b)
-        base = top
-    ax.set_xlim(xs[0], xs[-1]); ax.set_ylim(0, now.total * 1.02)
-    ax.axhline(now.total, color="black", linewidth=0.6)
-    if now is not samples[-1]: ax.axvline(now.step, color="black", linestyle="--", linewidth=0.9)
-    ax.legend(loc="lower left", bbox_to_anchor=(0, 1.06), ncols=4, fontsize=8, frameon=False, borderaxespad=0,
-              handlelength=1.2)
-    # right: the live requests at `now`
-    title = f"pages per live request at step {now.step}"
-    seqs = sorted(now.seqs, key=lambda q: q.used + q.reserved, reverse=True)[:max_bars]
-    seqs.sort(key=lambda q: now.seqs.index(q))   # admission order, oldest on top
-    if len(seqs) < len(now.seqs): title += f" ({len(seqs)} of {len(now.seqs)} shown)"
-    bx.set_title(title, loc="left", fontsize=10)
-    if not seqs:
-        bx.text(0.5, 0.5, "no live requests", ha="center", va="center", transform=bx.transAxes, color="gray")
-        bx.set_xticks([]); bx.set_yticks([])
-        return fig
-    y = list(range(len(seqs)))[::-1]
-    shared, own, res = [q.shared for q in seqs], [q.used - q.shared for q in seqs], [q.reserved for q in seqs]
-    bx.barh(y, shared, color=BAND_COLORS["used"], alpha=0.55, hatch="///", edgecolor="white", linewidth=0,
-            label="used, shared")
-    bx.barh(y, own, left=shared, color=BAND_COLORS["used"], label="used")
-    bx.barh(y, res, left=[a + b for a, b in zip(shared, own)], color=BAND_COLORS["reserved"], label="reserved")
-    bx.set_yticks(y, [str(q.seq_id)[:14] for q in seqs], fontsize=8)
-    top = max(max(q.used + q.reserved for q in seqs), 1)
-    for yi, q in zip(y, seqs):
-        bx.text(q.used + q.reserved + top * 0.02, yi, f"{q.tokens}/{q.bound_tokens} tok", va="center", fontsize=7,
-                color="dimgray")
-    bx.set_xlim(0, top * 1.35)
-    bx.set_ylim(-0.6, max(len(seqs), 4) - 0.4)
-    bx.legend(loc="lower left", bbox_to_anchor=(0, 1.06), ncols=3, fontsize=8, frameon=False, borderaxespad=0,
-              handlelength=1.2)
+    _draw_bands(ax, samples, now)
+    _draw_requests(bx, now, max_bars)
     return fig
 
 # %% ../nbs/60_monitor.ipynb #2d7986c1
