@@ -1,4 +1,4 @@
-"""Decode attention for CPUs that reads bf16 and coded KV pages in place: a small C++ kernel (AVX2 + FMA, integer dot products on AVX-512 VNNI for hq-e8-2b, a portable path) built on first use, the same contract as `paged_decode`.
+"""Decode attention for CPUs that reads bf16 and coded KV pages in place: a small C++ kernel (AVX2 + FMA, integer dot products for hq-e8-2b on AVX-512 VNNI, AVX-VNNI or AVX2, a portable path) built on first use, the same contract as `paged_decode`.
 
 Docs: https://hqkv.github.io/hqkv/attention.cpu.html.md"""
 
@@ -17,9 +17,9 @@ from .models.identity import cache_dir
 from .attention import ExactWindow, _pair, _check_pages, _check_q, _check_table, _check_int, _check_window
 
 # %% auto #0
-__all__ = ['SOURCE', 'FLAGS', 'ISAS', 'CPU_FORMATS', 'e8_tables', 'build_dir', 'build', 'lib', 'set_isa', 'cpu_model',
-           'cpu_format', 'e8_int8_table', 'integer_keys', 'int8_query', 'held_spans', 'DecodePlan', 'paged_decode_cpu',
-           'paged_prefill_cpu']
+__all__ = ['SOURCE', 'FLAGS', 'ISAS', 'CPU_FORMATS', 'e8_tables', 'build_dir', 'build', 'lib', 'set_isa', 'isas_here',
+           'cpu_model', 'cpu_format', 'e8_int8_table', 'integer_keys', 'int8_query', 'held_spans', 'DecodePlan',
+           'paged_decode_cpu', 'paged_prefill_cpu']
 
 # %% ../nbs/34_attention.cpu.ipynb #512fa3f2
 # float32 [256*8 + 256*16]: magnitudes, then per low byte: sign masks (as float bits), signed shifts
@@ -83,8 +83,12 @@ class _Args(ctypes.Structure):
 
 # %% ../nbs/34_attention.cpu.ipynb #adafc967
 _LIB, _ISA = None, None
-# avx512: F, BW, VL, DQ and VNNI (hq-e8-2b with integer dots), AVX2 for the rest
-ISAS = {"portable": 0, "avx2": 1, "avx512": 2}
+# avx2: AVX2, FMA and F16C, every format in floats; avx512 (F, BW, VL, DQ, VNNI), avx2-int8 (AVX2: vpmaddubsw) and avx-vnni
+# (AVX2 and AVX-VNNI: vpdpbusd on 256 bits) read hq-e8-2b as int8 (`integer_keys`) and the rest as avx2 does.
+# The best a CPU has: avx512, else avx-vnni, else avx2-int8, else portable ('avx2' only when asked for: Formats, below)
+ISAS = {"portable": 0, "avx2": 1, "avx512": 2, "avx2-int8": 3, "avx-vnni": 4}
+_NEEDS = {"avx2": "AVX2, FMA and F16C", "avx512": "AVX-512 F, BW, VL, DQ and VNNI", "avx2-int8": "AVX2, FMA and F16C",
+          "avx-vnni": "AVX2, FMA, F16C and AVX-VNNI"}
 
 def lib() -> ctypes.CDLL:
     "The built kernels, loaded once (the instruction set is chosen then: `set_isa()`)."
@@ -102,7 +106,7 @@ def lib() -> ctypes.CDLL:
 
 # %% ../nbs/34_attention.cpu.ipynb #4e2e1811
 def set_isa(name:str|None=None) -> str: # the instruction set now in use
-    "Use the 'avx512' (AVX-512 VNNI), 'avx2' (AVX2, FMA, F16C) or 'portable' kernels; None: $HQKV_CPU_ISA or the best"
+    "Use one kernel set of `ISAS` ('avx2': AVX2 floats; 'avx2-int8', 'avx-vnni', 'avx512': hq-e8-2b as int8; 'portable'); None: $HQKV_CPU_ISA or the best"
     global _ISA
     env = name is None and os.environ.get("HQKV_CPU_ISA")
     name = name or env or None
@@ -112,11 +116,17 @@ def set_isa(name:str|None=None) -> str: # the instruction set now in use
         raise ValueError(f"unknown instruction set {name!r}{src}; choose one of {', '.join(ISAS)}")
     got = lib().hqkv_cpu_isa(want)
     if got < 0:
-        need = "AVX-512 F, BW, VL, DQ and VNNI" if name == "avx512" else "AVX2, FMA and F16C"
-        raise RuntimeError(f"hqkv.attention_cpu: this CPU lacks some of {need}, which the {name!r} kernels need; "
+        raise RuntimeError(f"hqkv.attention_cpu: this CPU lacks some of {_NEEDS[name]}, which the {name!r} kernels need; "
                            f"use set_isa() for the best it has")
     _ISA = {v: k for k, v in ISAS.items()}[got]
     return _ISA
+
+def isas_here() -> list[str]: # in ISAS order
+    "The kernel sets this CPU runs (the names `set_isa` accepts here)."
+    l, now = lib(), ISAS[_ISA]
+    out = [n for n, v in ISAS.items() if l.hqkv_cpu_isa(v) >= 0]
+    l.hqkv_cpu_isa(now)
+    return out
 
 # %% ../nbs/34_attention.cpu.ipynb #85be2fe9
 def cpu_model() -> str: # e.g. 'AMD EPYC 7B13' (the processor name, else the architecture)
@@ -166,7 +176,8 @@ def integer_keys(codec) -> bool:
     "Whether the kernels now in use score `codec`'s keys with integer dots (and so round the query to int8)."
     kc = _pair(codec)[0]
     lib()                                                              # the instruction set is chosen when it loads
-    return _ISA == "avx512" and kc.name == "hq-e8-2b" and kc.head_dim % 64 == 0
+    D = kc.head_dim
+    return kc.name == "hq-e8-2b" and D % 64 == 0 and (_ISA == "avx512" or _ISA in ("avx2-int8", "avx-vnni") and D >= 128)
 
 def int8_query(qr:Tensor) -> Tensor: # qr as the kernels read it
     "`qr` [..., D] (rotated, scaled) rounded as the integer kernels round it: int8, one scale per row (max |q| / 127)."

@@ -322,20 +322,29 @@ static void softmax(float* s, int n, int G, float* m, float* l, float* acc, int6
 // weights p * scale / 4 (each 16 values share a quarter). As in ggml's IQ2 dots, no value goes through a float lookup table.
 alignas(64) static uint64_t E8_INT8[65536];   // codeword -> 8 x int8: 4x its 8 values (hqkv.codec.e8 `grid4`, copied once)
 
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
-namespace v512 {
-// the G heads' int8 queries of one (sequence, KV head): q [G, D] float -> qu [G, D] (round(q / scale) + 128), scale [G],
-// and qf [G, D] = round(q / scale) * scale, the query the window's exact rows are scored with (every key sees the same query)
-static void quantize(const float* q, int64_t G, int64_t D, uint8_t* qu, float* scale, float* qf) {
+// the G heads' int8 queries of one (sequence, KV head), for both integer paths: q [G, D] float -> r = round(q / scale), scale [G]
+// (max |q| / 127), qf [G, D] = r * scale, the query the window's exact rows are scored with (every key sees the same query), and
+// qu [G, D]: v512 (off 128): r + 128 (unsigned), in order; v2 (off 0): r (signed) in v2's order (chunk j of 32: 8 values of
+// codeword j of each quarter), and qlane [G, 8] = 11 sum r over each lane's values (v2's offset keys). Plain code: any CPU.
+static void quantize(const float* q, int64_t G, int64_t D, int off, uint8_t* qu, float* scale, float* qf, int32_t* qlane) {
+    const int64_t Qg = D / 32;
     for (int64_t g = 0; g < G; ++g) {
         const float* x = q + g * D; float m = 0;
         for (int64_t d = 0; d < D; ++d) m = fmaxf(m, fabsf(x[d]));
         const float inv = m > 0 ? 127.0f / m : 0.0f; scale[g] = m / 127.0f;
-        for (int64_t d = 0; d < D; ++d) { const float r = nearbyintf(x[d] * inv); qu[g * D + d] = (uint8_t)(r + 128); qf[g * D + d] = r * scale[g]; }
+        for (int k = 0; k < 8; ++k) qlane[8 * g + k] = 0;
+        for (int64_t d = 0; d < D; ++d) {
+            const float r = nearbyintf(x[d] * inv); qf[g * D + d] = r * scale[g];
+            const int64_t c = d / 8, quarter = c / Qg, j = c % Qg, t = d % 8;   // group c: codeword j of its quarter
+            if (off) qu[g * D + d] = (uint8_t)(int)(r + off);
+            else { qu[g * D + 32 * j + 8 * quarter + t] = (uint8_t)(int8_t)(int)r; qlane[8 * g + 2 * quarter + t / 4] += 11 * (int)r; }
+        }
     }
 }
 
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
+namespace v512 {
 static inline __m256 fold(__m512 a) { return _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1)); }
 static inline __m512i codes8(const uint8_t* p) {   // 8 codewords -> 64 int8 values
     return _mm512_i64gather_epi64(_mm512_cvtepu16_epi64(_mm_loadu_si128((const __m128i*)p)), (const long long*)E8_INT8, 8);
@@ -346,7 +355,7 @@ static inline __m256i codes4(const uint8_t* p) {   // 4 codewords -> 32 int8 val
 
 // s[g][i] = q_g . k_i for G heads (1, 2, 4, 8), D a multiple of 64: RB = 8/G rows at a time (8 sums share one hadd tree)
 template<int G> static void score(const Fmt& f, const uint8_t* base, int64_t stride, int n, const uint8_t* qu, const float* qscale,
-                                  float* s, float* sc) {
+                                  const int32_t*, float* s, float* sc) {
     constexpr int RB = 8 / G;
     const int CH = (int)(f.D / 64);
     avx::E8::prep(base, stride, n, f, sc);
@@ -400,6 +409,116 @@ template<int G> static void accum(const Fmt& f, const uint8_t* base, int64_t str
 }  // namespace v512
 #pragma GCC pop_options
 
+// ---------------------------------------------------------------- AVX2 integer paths ('avx2-int8', 'avx-vnni'): hq-e8-2b rows as int8 in 256-bit registers
+// For CPUs with AVX2 but no AVX-512 VNNI. The same int8 query as v512 (rounded once per call), here kept signed; the key
+// codes are offset instead (4k + 11, 0..22, unsigned: vpmaddubsw and vpdpbusd multiply unsigned by signed bytes), which
+// costs one byte add per 32 values and row, shared by the G heads. vpmaddubsw gives int16 sums of two products
+// (|pair| <= 2 * 22 * 127 = 5588: no saturation), vpmaddwd with ones int32 sums of four. sum (4k + 11) q = sum 4k q +
+// 11 sum q: the 11 sum q of each lane is fixed for the call (qlane, from quantize) and taken off once per row and head.
+// Keys: one gather from the int8 table per 32 values and row (4 codewords), as ggml's AVX2 IQ2 dots look 4 codewords up
+// per 32 values. Values: each codeword's 8 int8 values widened to float (vpmovsxbd from the table) and accumulated with
+// the weight p * scale / 4 folded per row and quarter, as v512 does.
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace v2 {
+
+// s[g][i] = q_g . k_i for G heads (1, 2, 4, 8), D >= 128 a multiple of 64. A row's 32-value chunk j holds codeword j of each
+// quarter (the query is stored in that order by quantize), so lane l (4 values) is always in quarter l / 2 and the lanes add
+// up over the whole row in integers: Dot sums 4 chunks (v2: vpmaddubsw pairs in int16, 4 x 5588 < 32767, then vpmaddwd;
+// v2vnni: vpdpbusd), the lanes' offset (qlane) comes off, then one convert and one multiply by the quarter scales per row
+// and head. Defined once here and compiled twice (v2, v2vnni), each under its own target.
+#define HQKV_V2_SCORE                                                                                                          \
+template<int G> static void score(const Fmt& f, const uint8_t* base, int64_t stride, int n, const uint8_t* qs8, const float* qscale, \
+                                  const int32_t* qlane, float* s, float* sc) {                                                 \
+    constexpr int RB = 8 / G;                                                                                                  \
+    const int Qg = (int)(f.D / 32);                   /* codewords per quarter, chunks per row */                              \
+    avx::E8::prep(base, stride, n, f, sc);                                                                                     \
+    const __m256i lanes = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);                                                           \
+    for (int i0 = 0; i0 < n; i0 += RB) {                                                                                       \
+        const int rb = std::min(RB, n - i0);                                                                                   \
+        __m256 acc[8];                                                                                                         \
+        for (int k = 0; k < 8; ++k) acc[k] = _mm256_setzero_ps();                                                              \
+        for (int r = 0; r < rb; ++r) {                                                                                         \
+            const uint8_t* row = base + (i0 + r) * stride;                                                                     \
+            __m256i d[G];                                                                                                      \
+            for (int g = 0; g < G; ++g) d[g] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_loadu_si256((const __m256i*)(qlane + 8 * g))); \
+            for (int j0 = 0; j0 < Qg; j0 += 4) {                                                                               \
+                const __m256i w = v2::words4(row, j0, Qg);                                                                     \
+                __m256i h[G];                                                                                                  \
+                for (int g = 0; g < G; ++g) h[g] = _mm256_setzero_si256();                                                     \
+                for (int j = j0; j < std::min(Qg, j0 + 4); ++j) {                                                              \
+                    const __m256i k = v2::keys(w, j - j0);                                                                     \
+                    for (int g = 0; g < G; ++g) h[g] = Dot::step(h[g], k, _mm256_loadu_si256((const __m256i*)(qs8 + g * f.D + 32 * j))); \
+                }                                                                                                              \
+                for (int g = 0; g < G; ++g) d[g] = _mm256_add_epi32(d[g], Dot::widen(h[g]));                                  \
+            }                                                                                                                  \
+            const __m256 kl = _mm256_permutevar8x32_ps(_mm256_broadcast_ps((const __m128*)(sc + 4 * (i0 + r))), lanes);        \
+            for (int g = 0; g < G; ++g) acc[r * G + g] = _mm256_mul_ps(_mm256_cvtepi32_ps(d[g]), kl);                          \
+        }                                                                                                                      \
+        alignas(32) float t[8];                                                                                                \
+        _mm256_store_ps(t, avx::hsum8(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]));                        \
+        for (int r = 0; r < rb; ++r) for (int g = 0; g < G; ++g) s[g * BLK + i0 + r] = 0.25f * qscale[g] * t[r * G + g];      \
+    }                                                                                                                          \
+}
+// codewords j0 + 0..3 of each quarter of a row, one 64-bit word per quarter: loads (and a shuffle) for D = 128, 256, else a gather
+static inline __m256i words4(const uint8_t* row, int j0, int Qg) {
+    if (Qg == 4) return _mm256_loadu_si256((const __m256i*)row);
+    if (Qg == 8) {                                                                            // words 0, 2, 4, 6 or 1, 3, 5, 7
+        const __m256i a = _mm256_loadu_si256((const __m256i*)row), b = _mm256_loadu_si256((const __m256i*)(row + 32));
+        return _mm256_permute4x64_epi64(j0 ? _mm256_unpackhi_epi64(a, b) : _mm256_unpacklo_epi64(a, b), 0xd8);
+    }
+    return _mm256_i64gather_epi64((const long long*)(row + 2 * j0), _mm256_setr_epi64x(0, 2 * Qg, 4 * Qg, 6 * Qg), 1);
+}
+static inline __m256i keys(__m256i w, int j) {   // codeword j of each word -> 32 values as 4k + 11 (unsigned)
+    const __m256i cw = _mm256_and_si256(_mm256_srlv_epi64(w, _mm256_set1_epi64x(16 * j)), _mm256_set1_epi64x(0xffff));
+    return _mm256_add_epi8(_mm256_i64gather_epi64((const long long*)E8_INT8, cw, 8), _mm256_set1_epi8(11));
+}
+struct Dot {                                      // int16 pairs; widened to int32 after 4 chunks
+    static inline __m256i step(__m256i h, __m256i k, __m256i q) { return _mm256_add_epi16(h, _mm256_maddubs_epi16(k, q)); }
+    static inline __m256i widen(__m256i h) { return _mm256_madd_epi16(h, _mm256_set1_epi16(1)); }
+};
+HQKV_V2_SCORE
+
+// acc[g] += sum_i p[g][i] v_i: CB codewords (8 values each) at a time for all rows, the G x CB accumulators in registers
+template<int G> static void accum(const Fmt& f, const uint8_t* base, int64_t stride, int n, const float* p, float* acc, float* sc) {
+    constexpr int CB = 8 / G;
+    const int C = (int)(f.D / 8);
+    avx::E8::prep(base, stride, n, f, sc);
+    alignas(32) float w[BLK * 4 * G];
+    for (int i = 0; i < n; ++i) for (int q = 0; q < 4; ++q) for (int g = 0; g < G; ++g) w[(4 * i + q) * G + g] = 0.25f * p[g * BLK + i] * sc[4 * i + q];
+    for (int c0 = 0; c0 < C; c0 += CB) {          // C = D / 8 is a multiple of 8
+        __m256 a[G][CB];
+        for (int g = 0; g < G; ++g) for (int k = 0; k < CB; ++k) a[g][k] = _mm256_loadu_ps(acc + g * f.D + 8 * (c0 + k));
+        int qk[CB]; for (int k = 0; k < CB; ++k) qk[k] = f.blk[c0 + k] * G;
+        const bool one = qk[0] == qk[CB - 1];       // the CB codewords share a quarter: each head's weight once per row
+        for (int i = 0; i < n; ++i) {
+            const uint8_t* row = base + i * stride; const float* wi = w + 4 * G * i;
+            __m256 w1[G];
+            if (one) for (int g = 0; g < G; ++g) w1[g] = _mm256_broadcast_ss(wi + qk[0] + g);
+            for (int k = 0; k < CB; ++k) {
+                const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(E8_INT8 + ld16(row + 2 * (c0 + k))))));
+                for (int g = 0; g < G; ++g) a[g][k] = _mm256_fmadd_ps(one ? w1[g] : _mm256_broadcast_ss(wi + qk[k] + g), v, a[g][k]);
+            }
+        }
+        for (int g = 0; g < G; ++g) for (int k = 0; k < CB; ++k) _mm256_storeu_ps(acc + g * f.D + 8 * (c0 + k), a[g][k]);
+    }
+}
+}  // namespace v2
+#pragma GCC pop_options
+
+// the same kernel with AVX-VNNI (vpdpbusd on 256-bit registers: Alder Lake and later, Zen 5): one instruction per 32 values
+// and head instead of two
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avxvnni")
+namespace v2vnni {
+struct Dot {
+    static inline __m256i step(__m256i h, __m256i k, __m256i q) { return _mm256_dpbusd_avx_epi32(h, k, q); }
+    static inline __m256i widen(__m256i h) { return h; }
+};
+HQKV_V2_SCORE
+}  // namespace v2vnni
+#pragma GCC pop_options
+
 // ---------------------------------------------------------------- dispatch
 typedef void (*ScoreFn)(const Fmt&, const uint8_t*, int64_t, int, const float*, float*, float*);
 typedef void (*AccumFn)(const Fmt&, const uint8_t*, int64_t, int, const float*, float*, float*);
@@ -409,41 +528,50 @@ template<class F> static void fill(int kind) {
     SCORE[kind][0] = avx::score<F, 1>; SCORE[kind][1] = avx::score<F, 2>; SCORE[kind][2] = avx::score<F, 4>; SCORE[kind][3] = avx::score<F, 8>;
     ACCUM[kind][0] = avx::accum<F, 1>; ACCUM[kind][1] = avx::accum<F, 2>; ACCUM[kind][2] = avx::accum<F, 4>; ACCUM[kind][3] = avx::accum<F, 8>;
 }
-static int g_isa = -1;                        // 2: AVX-512 VNNI (hq-e8-2b keys) + AVX2 for the rest, 1: AVX2 + FMA + F16C, 0: portable
+static int g_isa = -1;                        // hqkv_cpu_isa's numbers; 2, 3, 4: hq-e8-2b rows as int8 (v512, v2, v2vnni), AVX2 for the rest
 
 extern "C" void hqkv_cpu_e8_init(const int8_t* grid4) { memcpy(E8_INT8, grid4, sizeof E8_INT8); }   // once, at load
 extern "C" void hqkv_cpu_e8_int8(uint64_t* out) { memcpy(out, E8_INT8, sizeof E8_INT8); }   // the table (for tests)
 
-extern "C" int hqkv_cpu_isa(int want) {       // want: -1 best available, 0 portable, 1 AVX2, 2 AVX-512 (returns -1 if the CPU lacks it)
+// want: -1 best available, 0 portable, 1 AVX2 (float), 2 AVX-512 VNNI, 3 AVX2 int8 (vpmaddubsw), 4 AVX-VNNI (-1: the CPU lacks it)
+extern "C" int hqkv_cpu_isa(int want) {
     __builtin_cpu_init();
     bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     bool has512 = has && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")
                   && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi");
-    if ((want == 1 && !has) || (want == 2 && !has512)) return -1;
-    g_isa = want == -1 ? (has512 ? 2 : has ? 1 : 0) : want;
+    bool hasvnni = has && __builtin_cpu_supports("avxvnni");
+    if (((want == 1 || want == 3) && !has) || (want == 2 && !has512) || (want == 4 && !hasvnni)) return -1;
+    g_isa = want == -1 ? (has512 ? 2 : hasvnni ? 4 : has ? 3 : 0) : want;
     if (g_isa >= 1) { fill<avx::BF16>(FMT_BF16); fill<avx::E8>(FMT_E8); fill<avx::Q8>(FMT_Q8_0); fill<avx::Q4>(FMT_Q4_0);
                       fill<avx::TBQ<4>>(FMT_TBQ4); fill<avx::TBQ<3>>(FMT_TBQ3); fill<avx::TBQ<2>>(FMT_TBQ2); }
     return g_isa;
 }
 
 struct Ctx { std::vector<float> s, tmp, sc; };   // scores [Gp, BLK], a decoded row, per-row scales [BLK, 4]
-typedef void (*IntScoreFn)(const Fmt&, const uint8_t*, int64_t, int, const uint8_t*, const float*, float*, float*);
-static const IntScoreFn SCORE_E8_INT[4] = {v512::score<1>, v512::score<2>, v512::score<4>, v512::score<8>};
-static const AccumFn ACCUM_E8_INT[4] = {v512::accum<1>, v512::accum<2>, v512::accum<4>, v512::accum<8>};
-static bool int_keys(const Fmt& kf) { return g_isa == 2 && kf.kind == FMT_E8 && kf.D % 64 == 0; }
-static bool int_values(const Fmt& vf) { return g_isa == 2 && vf.kind == FMT_E8 && vf.D % 64 == 0; }
+typedef void (*IntScoreFn)(const Fmt&, const uint8_t*, int64_t, int, const uint8_t*, const float*, const int32_t*, float*, float*);
+static const IntScoreFn SCORE_E8_INT[3][4] = {{v512::score<1>, v512::score<2>, v512::score<4>, v512::score<8>},
+                                              {v2::score<1>, v2::score<2>, v2::score<4>, v2::score<8>},
+                                              {v2vnni::score<1>, v2vnni::score<2>, v2vnni::score<4>, v2vnni::score<8>}};
+static const AccumFn ACCUM_E8_INT[3][4] = {{v512::accum<1>, v512::accum<2>, v512::accum<4>, v512::accum<8>},
+                                           {v2::accum<1>, v2::accum<2>, v2::accum<4>, v2::accum<8>},
+                                           {v2::accum<1>, v2::accum<2>, v2::accum<4>, v2::accum<8>}};
+// hq-e8-2b as int8 (hqkv.attention_cpu.integer_keys): D a multiple of 64; on AVX2 (v2, v2vnni) also D >= 128, where they are
+// faster than the AVX2 floats (at D 64 with GQA 4 they were 10-15% slower: per row and head overheads over 2 chunks)
+static bool int_rows(const Fmt& f) { return f.kind == FMT_E8 && f.D % 64 == 0 && (g_isa == 2 || (g_isa >= 3 && f.D >= 128)); }
+static bool int_keys(const Fmt& kf) { return int_rows(kf); }
+static bool int_values(const Fmt& vf) { return int_rows(vf); }
 
 // qu, qs: the int8 query and its scales (int_keys only)
 static void block(Ctx& cx, const Fmt& kf, const Fmt& vf, const uint8_t* kb, int64_t ks, const uint8_t* vb, int64_t vs, int n,
-                  const float* q, const uint8_t* qu, const float* qs, int64_t G, int64_t D, float* m, float* l, float* acc) {
+                  const float* q, const uint8_t* qu, const float* qs, const int32_t* qk, int64_t G, int64_t D, float* m, float* l, float* acc) {
     float* s = cx.s.data();
     if (g_isa >= 1) {
         int gi = G == 1 ? 0 : G == 2 ? 1 : G == 4 ? 2 : 3;
         for (int64_t g0 = 0; g0 < G; g0 += 8)
-            if (qu && int_keys(kf)) SCORE_E8_INT[gi](kf, kb, ks, n, qu + g0 * D, qs + g0, s + g0 * BLK, cx.sc.data());
+            if (qu && int_keys(kf)) SCORE_E8_INT[g_isa - 2][gi](kf, kb, ks, n, qu + g0 * D, qs + g0, qk + 8 * g0, s + g0 * BLK, cx.sc.data());
             else SCORE[kf.kind][gi](kf, kb, ks, n, q + g0 * D, s + g0 * BLK, cx.sc.data());
         avx::softmax(s, n, (int)G, m, l, acc, D);
-        for (int64_t g0 = 0; g0 < G; g0 += 8) (int_values(vf) ? ACCUM_E8_INT : ACCUM[vf.kind])[gi](vf, vb, vs, n, s + g0 * BLK, acc + g0 * D, cx.sc.data());
+        for (int64_t g0 = 0; g0 < G; g0 += 8) (int_values(vf) ? ACCUM_E8_INT[g_isa - 2] : ACCUM[vf.kind])[gi](vf, vb, vs, n, s + g0 * BLK, acc + g0 * D, cx.sc.data());
     } else {
         score_scalar(kf, kb, ks, n, q, (int)G, s, cx.tmp.data());
         softmax_scalar(s, n, (int)G, m, l, acc, D);
@@ -479,8 +607,9 @@ static Blk next_block(const Args& a, const Fmt* wf, int64_t b, int64_t p, int64_
 
 // positions [p0, p1) of sequence b for every KV head: a block's rows of all heads are contiguous, so heads are the inner loop
 // (the kernels prefetch a few rows ahead of the one they read)
-// qu, qs, qf: the int8 queries, their scales and the rounded float queries (integer keys), else null
-static void item(const Args& a, Ctx& cx, int64_t b, int64_t p0, int64_t p1, float* w, const uint8_t* qu, const float* qs, const float* qf) {
+// qu, qs, qf, qk: the int8 queries, their scales, the rounded float queries and their quarter sums (integer keys), else null
+static void item(const Args& a, Ctx& cx, int64_t b, int64_t p0, int64_t p1, float* w, const uint8_t* qu, const float* qs, const float* qf,
+                 const int32_t* qk) {
     const int64_t H = a.H, D = a.D, G = a.Gp, W = G * (D + 2);
     Fmt wf; memset(&wf, 0, sizeof wf); wf.kind = FMT_BF16; wf.D = D; wf.row_bytes = 2 * D; wf.nsb = 1; wf.sb[1] = (int32_t)(D / 8);
     for (int64_t h = 0; h < H; ++h) {
@@ -495,7 +624,8 @@ static void item(const Args& a, Ctx& cx, int64_t b, int64_t p0, int64_t p1, floa
         for (int64_t h = 0; h < H; ++h) {
             float* wh = w + h * W;
             block(cx, *cur.kf, *cur.vf, cur.kb + h * cur.kh, cur.kh * H, cur.vb + h * cur.vh, cur.vh * H, (int)cur.n,
-                  (qf ? qf : a.q) + (b * H + h) * G * D, qu ? qu + (b * H + h) * G * D : nullptr, qu ? qs + (b * H + h) * G : nullptr, G, D, wh, wh + G, wh + 2 * G);
+                  (qf ? qf : a.q) + (b * H + h) * G * D, qu ? qu + (b * H + h) * G * D : nullptr, qu ? qs + (b * H + h) * G : nullptr,
+                  qu ? qk + (b * H + h) * G * 8 : nullptr, G, D, wh, wh + G, wh + 2 * G);
         }
         p = pn; if (p < p1) cur = next_block(a, &wf, b, p, p1);
     }
@@ -514,18 +644,21 @@ extern "C" int hqkv_cpu_decode(const Args* ap, float* work) {   // work: [items,
     const int64_t items = first[a.B];
     const bool quant = int_keys(kf);            // the int8 query of every (sequence, KV head), once per call
     std::vector<uint8_t> qu(quant ? a.B * H * G * D : 0); std::vector<float> qs(quant ? a.B * H * G : 0), qf(quant ? a.B * H * G * D : 0);
+    std::vector<int32_t> qk(quant ? a.B * H * G * 8 : 0);
     #pragma omp parallel num_threads((int)a.threads) if (a.threads > 1)
     {
         Ctx cx; cx.s.assign(G * BLK, 0.f); cx.tmp.assign(D, 0.f); cx.sc.assign(4 * BLK, 0.f);
         if (quant) {
             #pragma omp for schedule(static)
-            for (int64_t bh = 0; bh < a.B * H; ++bh) v512::quantize(a.q + bh * G * D, G, D, qu.data() + bh * G * D, qs.data() + bh * G, qf.data() + bh * G * D);
+            for (int64_t bh = 0; bh < a.B * H; ++bh)
+                quantize(a.q + bh * G * D, G, D, g_isa == 2 ? 128 : 0, qu.data() + bh * G * D, qs.data() + bh * G, qf.data() + bh * G * D,
+                         qk.data() + bh * G * 8);
         }
         #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; ++it) {
             int64_t b = std::upper_bound(first.begin(), first.end(), it) - first.begin() - 1, j = it - first[b];
             int64_t L = a.spans[4 * b], p0 = j * a.chunk, p1 = std::min(L, p0 + a.chunk);
-            item(a, cx, b, p0, p1, work + it * H * W, quant ? qu.data() : nullptr, qs.data(), quant ? qf.data() : nullptr);
+            item(a, cx, b, p0, p1, work + it * H * W, quant ? qu.data() : nullptr, qs.data(), quant ? qf.data() : nullptr, qk.data());
         }
         #pragma omp for schedule(static)
         for (int64_t bh = 0; bh < a.B * H; ++bh) {  // merge the splits of (b, h) by log-sum-exp
