@@ -130,7 +130,7 @@ class TBQCodec(Codec):
         self.rht = RandomHadamard(self.block, seed=self.rht_seed)
         # unit-norm block levels (`TBQ_CENTROIDS` at 128)
         self.centroids = tuple(c / math.sqrt(self.block) for c in LLOYD_MAX[self.bits])
-        self._tables, self._luts = {}, {}
+        self._tables, self._luts, self._mats = {}, {}, {}
 
     @classmethod
     def block_bytes(cls, block:int=BLOCK)->int:
@@ -157,13 +157,22 @@ class TBQCodec(Codec):
             raise ValueError(f"{self.name}: last dim must be head_dim={self.head_dim}, got shape {tuple(x.shape)}")
         return x.reshape(*x.shape[:-1], self.n_blocks, self.block)
 
+    def _mat(self, dev)->Tensor:
+        "R.T of one block on `dev` (cached)."
+        if dev not in self._mats: self._mats[dev] = self.rht.matrix().T.contiguous().to(dev)
+        return self._mats[dev]
+
     def rotate(self, x:Tensor)->Tensor:
-        "Block-diagonal RHT: every block rotated by `RandomHadamard(block, rht_seed)`."
-        return self.rht.forward(self._blocks(x)).reshape(x.shape)
+        "Block-diagonal RHT: every block rotated by `RandomHadamard(block, rht_seed)` (on CPU: one matmul)."
+        b = self._blocks(x)
+        if x.device.type != "cpu": return self.rht.forward(b).reshape(x.shape)   # exact fp32 butterflies (no TF32)
+        return (b.to(torch.float32) @ self._mat(x.device)).reshape(x.shape).to(x.dtype)
 
     def unrotate(self, x:Tensor)->Tensor:
         "Inverse of `rotate`."
-        return self.rht.inverse(self._blocks(x)).reshape(x.shape)
+        b = self._blocks(x)
+        if x.device.type != "cpu": return self.rht.inverse(b).reshape(x.shape)
+        return (b.to(torch.float32) @ self._mat(x.device).T).reshape(x.shape).to(x.dtype)
 
 # %% ../../nbs/12_codec.tbq.ipynb #ff4ed109
 @patch
