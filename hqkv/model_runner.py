@@ -107,7 +107,19 @@ class LaneCache:
     "The part of transformers' `Cache` a linear-attention layer calls, over some lanes of `LinearStates` (fresh: none)."
     def __init__(self, states:LinearStates, lanes:Tensor, fresh:bool):
         self.s, self.lanes, self.fresh, self.conv = states, lanes, fresh, None
+    def __getattr__(self, name:str):
+        "Any other `Cache` method a (newer) transformers calls: refused by name, never guessed."
+        if name.startswith("__"): raise AttributeError(name)
+        import transformers
+        raise AttributeError(f"hqkv's LaneCache has no {name!r}: transformers {transformers.__version__}'s "
+                             "linear-attention layer asked its cache for it, and hqkv's engine does not implement "
+                             "it (see the transformers pin in hqkv's pyproject.toml)")
+    # never records past tokens (transformers' assisted decoding does, to crop them), so, as in transformers'
+    # `Cache`, no intermediate recurrent states to keep (transformers >= 5.25 asks)
     def is_recording_past(self, layer_idx:int) -> bool: return False
+    def get_recurrent_states_to_keep(self, layer_idx:int|None=None) -> int: return 0
+    def increase_count(self, layer_idx:int, state_idx:int=0):
+        "A decode token's in-place conv update (transformers >= 5.25 counts it): a lane's length is the pool's."
     def get_conv_state(self, layer_idx:int, state_idx:int=0):
         if self.fresh or layer_idx not in self.s.conv: return None
         # a copy: single-token decode updates it in place, `commit` writes it back
@@ -126,6 +138,8 @@ class LaneCache:
         self.conv = None
         return full
     def update_recurrent_state(self, x:Tensor, layer_idx:int, state_idx:int=0, **kw) -> Tensor:
+        if not isinstance(x, Tensor):       # a list: intermediate states, only when recording past (never here)
+            raise TypeError(f"LaneCache keeps one recurrent state per lane, got {type(x).__name__} (layer {layer_idx})")
         buf = self.s.buffer("rec", layer_idx, x)
         buf[self.lanes] = x.to(buf.dtype)
         return x
