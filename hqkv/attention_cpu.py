@@ -116,7 +116,8 @@ def set_isa(name:str|None=None) -> str: # the instruction set now in use
         raise ValueError(f"unknown instruction set {name!r}{src}; choose one of {', '.join(ISAS)}")
     got = lib().hqkv_cpu_isa(want)
     if got < 0:
-        raise RuntimeError(f"hqkv.attention_cpu: this CPU lacks some of {_NEEDS[name]}, which the {name!r} kernels need; "
+        old = " (or a compiler older than GCC 11 / clang 12 built them)" if name == "avx-vnni" else ""
+        raise RuntimeError(f"hqkv.attention_cpu: this CPU lacks some of {_NEEDS[name]}, which the {name!r} kernels need{old}; "
                            f"use set_isa() for the best it has")
     _ISA = {v: k for k, v in ISAS.items()}[got]
     return _ISA

@@ -507,7 +507,10 @@ template<int G> static void accum(const Fmt& f, const uint8_t* base, int64_t str
 #pragma GCC pop_options
 
 // the same kernel with AVX-VNNI (vpdpbusd on 256-bit registers: Alder Lake and later, Zen 5): one instruction per 32 values
-// and head instead of two
+// and head instead of two. Compilers older than GCC 11 / clang 12 do not know AVX-VNNI: there 'avx-vnni' is refused (as on a
+// CPU without it) and everything else builds.
+#if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11)
+#define HQKV_AVXVNNI 1
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avxvnni")
 namespace v2vnni {
@@ -518,6 +521,9 @@ struct Dot {
 HQKV_V2_SCORE
 }  // namespace v2vnni
 #pragma GCC pop_options
+#else
+namespace v2vnni { using v2::score; }        // never chosen (hqkv_cpu_isa refuses 4)
+#endif
 
 // ---------------------------------------------------------------- dispatch
 typedef void (*ScoreFn)(const Fmt&, const uint8_t*, int64_t, int, const float*, float*, float*);
@@ -539,7 +545,11 @@ extern "C" int hqkv_cpu_isa(int want) {
     bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     bool has512 = has && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")
                   && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi");
+#ifdef HQKV_AVXVNNI
     bool hasvnni = has && __builtin_cpu_supports("avxvnni");
+#else
+    bool hasvnni = false;
+#endif
     if (((want == 1 || want == 3) && !has) || (want == 2 && !has512) || (want == 4 && !hasvnni)) return -1;
     g_isa = want == -1 ? (has512 ? 2 : hasvnni ? 4 : has ? 3 : 0) : want;
     if (g_isa >= 1) { fill<avx::BF16>(FMT_BF16); fill<avx::E8>(FMT_E8); fill<avx::Q8>(FMT_Q8_0); fill<avx::Q4>(FMT_Q4_0);
