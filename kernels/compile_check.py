@@ -16,6 +16,8 @@ stack. Shared memory is Triton's (`metadata.shared`, what a launch asks for).
     python kernels/compile_check.py --arch 90 --kernel prefill --head-dim 256   # one slice, printed
     python kernels/compile_check.py --format tbq4 --json /tmp/tbq4.json && python kernels/compile_check.py --merge /tmp/tbq4.json
                                                     # a slice's rows replace theirs in the saved JSON and the table
+    python kernels/compile_check.py --path vllm --format tbq4 --json /tmp/v.json && python kernels/compile_check.py --merge /tmp/v.json --add
+                                                    # other launches of saved formats: their rows join the saved ones
 
 Exit status 1 names every configuration that cannot launch (shared memory over the arch's per-block limit,
 more than 255 registers, a compile error); spills are reported, and fail too with --strict.
@@ -321,9 +323,11 @@ def main(argv=None):
     ap.add_argument("--merge", nargs="+", default=None, help="JSON files of sliced runs (--json): their rows replace the saved run's for "
                     "the same kernel, format, head dim and arch in nbs/results/kernel_resources.json and kernels/resources.md (no compiling)")
     ap.add_argument("--note", default="", help="with --merge: what the saved run's remaining rows are (e.g. an older kernel)")
+    ap.add_argument("--add", action="store_true", help="with --merge: the slices compiled other configurations (e.g. --path "
+                    "vllm) of formats the saved run has: their rows join the saved ones instead of replacing them")
     a = ap.parse_args(argv)
     if a.merge:
-        out = merge(json.load(open("nbs/results/kernel_resources.json")), [json.load(open(f)) for f in a.merge], a.note)
+        out = merge(json.load(open("nbs/results/kernel_resources.json")), [json.load(open(f)) for f in a.merge], a.note, a.add)
         with open("nbs/results/kernel_resources.json", "w") as f: json.dump(out, f, default=str)
         write_md("kernels/resources.md", table_md(out["summary"]), out)
         return 0
@@ -387,14 +391,27 @@ def _run(out, formats, note=""):
     return dict(formats=sorted(formats), archs=out["archs"], configurations=out["configurations"], compiles=out["compiles"],
                 seconds=out["seconds"], triton=out["triton"], label=out.get("label", ""), note=note)
 
-def merge(base:dict, parts:list[dict], note:str="") -> dict:
+def combine(a:dict, b:dict) -> dict:
+    "Two summary rows of one (kernel, format, head dim, arch) from runs of different configurations (paths), as one."
+    worst = max((a, b), key=lambda s: (not s["launchable"], s["shared"], s["spill_stores"] + s["spill_loads"], s["registers"]))
+    big = {n: max(a[n], b[n]) for n in ("registers", "spill_stores", "spill_loads", "stack", "shared")}
+    return dict(a, **big, configs=a["configs"] + b["configs"], errors=a["errors"] + b["errors"],
+                blocks_per_sm=min(a["blocks_per_sm"], b["blocks_per_sm"]), launchable=a["launchable"] and b["launchable"],
+                **{n: sorted(set(a[n]) | set(b[n])) for n in ("num_warps", "num_stages", "tiles")}, worst=worst["worst"])
+
+def merge(base:dict, parts:list[dict], note:str="", add:bool=False) -> dict:
     "The saved run with the rows of `parts` (sliced runs) in place of its own for the same (kernel, format, head dim, arch)."
+    # add: the parts compiled other configurations of the same kernels (e.g. the vLLM plugin's launches beside the
+    # engine's saved ones): their rows join the saved ones instead of replacing them, and every saved run stays on record
     keys = {(s["kernel"], s["fmt"], s["head_dim"], s["arch"]) for p in parts for s in p["summary"]}
     key = lambda r: (r["kernel"], r["fmt"], r["head_dim"], r["arch"])
+    if add:
+        saved = {key(s): s for s in base["summary"]}
+        parts = [dict(p, summary=[combine(saved[key(s)], s) if key(s) in saved else s for s in p["summary"]]) for p in parts]
     summary = sorted([s for s in base["summary"] if key(s) not in keys] + [s for p in parts for s in p["summary"]], key=key)
-    served = lambda c: all((c["kernel"], c["fmt"], d, c["arch"]) in keys for d in c["head_dims"])
+    served = lambda c: not add and all((c["kernel"], c["fmt"], d, c["arch"]) in keys for d in c["head_dims"])
     compiled = [c for c in base["compiled"] if not served(c)] + [c for p in parts for c in p["compiled"]]
-    left = {s["fmt"] for s in base["summary"] if key(s) not in keys}
+    left = {s["fmt"] for s in base["summary"] if add or key(s) not in keys}
     runs = [dict(r, formats=[f for f in r["formats"] if f in left]) for r in base.get("runs", [_run(base, left, note)])]
     runs = [r for r in runs if r["formats"]] + [_run(p, {s["fmt"] for s in p["summary"]}) for p in parts]
     return dict(base, summary=summary, compiled=compiled, runs=runs, archs=sorted({a for r in runs for a in r["archs"]}),

@@ -12,8 +12,8 @@ import torch
 from ..codec import Codec
 
 # %% auto #0
-__all__ = ['KERNEL_FORMATS', 'KERNEL_HEAD_DIMS', 'TILES', 'kernel_format', 'kernel_formats', 'interpreting', 'check_device',
-           'Tile', 'device_arch', 'tile']
+__all__ = ['KERNEL_FORMATS', 'KERNEL_HEAD_DIMS', 'TILES', 'FORMAT_TILES', 'kernel_format', 'kernel_formats', 'interpreting',
+           'check_device', 'Tile', 'device_arch', 'tile']
 
 # %% ../../nbs/30a_kernels.ipynb #7acfe665
 # format name -> FORMAT constexpr (tbq: its bits)
@@ -82,6 +82,13 @@ TILES = {
     ("store", 512):   {80: Tile(4, 4, 4, 1), 90: Tile(4, 4, 4, 1), None: Tile(16, 64)},
 }
 
+# (kernel, head-dim ceiling, "keys/values" formats) -> {arch: Tile}: where the row above spills for one pair.
+# Prefill at 512 on sm_90, tbq3 keys with hq-e8-2b values: 16 B of spills at 1 stage, none at 2 (the loads of the
+# next block staged in shared memory, 116 KiB); 2 stages spill tbq3 and tbq4 alone (20-28 B)
+FORMAT_TILES = {
+    ("prefill", 512, "tbq3/hq-e8-2b"): {90: Tile(16, 16, 8, 2)},
+}
+
 def device_arch(device=None) -> int|None:
     "Compute capability of a CUDA device as an int (80, 90, ...); None for anything else (the interpreter's tensors)."
     device = torch.device(device) if device is not None else None
@@ -90,7 +97,9 @@ def device_arch(device=None) -> int|None:
     return 10 * major + minor
 
 def tile(kernel:str, # "decode", "prefill" or "store"
-         head_dim:int, device=None) -> Tile:
+         head_dim:int, device=None,
+         formats:str|None=None, # "keys/values" (or one name): a `FORMAT_TILES` row for the pair takes precedence
+        ) -> Tile:
     "The `TILES` entry for `kernel` at `head_dim` on `device`'s arch (the interpreter's row off CUDA)."
     rows = sorted((d, archs) for (k, d), archs in TILES.items() if k == kernel and d >= head_dim)
     if not rows:
@@ -98,4 +107,5 @@ def tile(kernel:str, # "decode", "prefill" or "store"
     archs = rows[0][1]
     arch = None if interpreting() else device_arch(device)
     if arch is None: return archs[None]
-    return archs[max(a for a in archs if a is not None and a <= max(arch, 80))]
+    a = max(a for a in archs if a is not None and a <= max(arch, 80))
+    return FORMAT_TILES.get((kernel, rows[0][0], formats), {}).get(a, archs[a])

@@ -28,36 +28,41 @@ def _fp16(ptr, mask):
     return (lo | (hi << 8)).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
 
 @triton.jit
-def _load_blocks(ptr, rows, n_ok, ok, offs_d, table_ptr, D, FORMAT: tl.constexpr, NS: tl.constexpr, BLK: tl.constexpr,
-                 D_PAD: tl.constexpr, BLOCK_N: tl.constexpr):
-    "Byte formats: NS blocks of BLK values per row, each an fp16 scale then its codes (tbq2/3/4: FORMAT bits, q8_0: 5, q4_0: 6)."
-    if FORMAT >= 5:   # ggml: 32-value blocks, [BLOCK_N, blocks, 32]: each block's scale read once, then broadcast
-        ob = tl.arange(0, D_PAD // 32)[None, :, None]
-        oi = tl.arange(0, 32)[None, None, :]
-        bb = 34 if FORMAT == 5 else 18                         # bytes per block: the scale, then the codes
-        bok = n_ok[:, :, None] & (ob < NS)                     # D is a multiple of 32: padded blocks read nothing
-        base = rows[:, :, None] + ob * bb
-        if FORMAT == 5:   # q8_0: int8 codes, read in pairs (int16 loads: rows, blocks and codes start at even bytes)
-            base = base[:, :, :, None]                         # [BLOCK_N, blocks, 16 pairs, 2]
-            bok = bok[:, :, :, None]
-            pair = (ptr + base + 2 + 2 * tl.arange(0, 16)[None, None, :, None]).to(tl.pointer_type(tl.int16))
-            w = tl.load(pair, mask=bok, other=0).to(tl.int32)
-            hi = tl.arange(0, 2)[None, None, None, :] == 1     # code 2j in the low byte, 2j + 1 in the high byte
-            x = tl.where(hi, w >> 8, (w << 24) >> 24).to(tl.float32) * _fp16(ptr + base, bok)
-        elif D_PAD >= 512: # q4_0: value j in the low nibble of byte j, value j + 16 in its high nibble; code - 8
-            base = base[:, :, :, None]                         # [BLOCK_N, blocks, 1 (nibble), 1]
-            bok = bok[:, :, :, None]
-            byte = tl.load(ptr + base + 2 + tl.arange(0, 16)[None, None, None, :], mask=bok, other=0).to(tl.int32)
-            hi = tl.arange(0, 2)[None, None, :, None] == 1
-            x = (tl.where(hi, byte >> 4, byte & 15) - 8).to(tl.float32) * _fp16(ptr + base, bok)
-        else:             # q4_0 below 512 (each byte read for both its nibbles: the 4-D read spills at 256 on sm_90,
-            i = offs_d % 32   # the flat one at 512; `make kernel-check`)
-            byte = tl.load(ptr + rows + (offs_d // 32 * 18 + 2 + i % 16)[None, :], mask=ok, other=0).to(tl.int32)
-            x = tl.where(ok, tl.where((i < 16)[None, :], byte & 15, byte >> 4) - 8, 0).to(tl.float32)
-            x = tl.reshape(x, [BLOCK_N, D_PAD // 32, 32]) * _fp16(ptr + base, bok)
-        return tl.reshape(x, [BLOCK_N, D_PAD])
-    # tbq: NS blocks of blk values; index i at bits [i*FORMAT, (i+1)*FORMAT) of the block's codes, little-endian;
-    # a centroid. BLK > 0 (prefill): the block is a constexpr, / and % by it are shifts or a multiply; 0 (decode): D // NS
+def _load_ggml(ptr, rows, n_ok, ok, offs_d, NS: tl.constexpr, FORMAT: tl.constexpr, D_PAD: tl.constexpr,
+               BLOCK_N: tl.constexpr):
+    "q8_0 (FORMAT 5), q4_0 (6): 32-value blocks, [BLOCK_N, blocks, 32]: each block's scale read once, then broadcast."
+    ob = tl.arange(0, D_PAD // 32)[None, :, None]
+    oi = tl.arange(0, 32)[None, None, :]
+    bb = 34 if FORMAT == 5 else 18                         # bytes per block: the scale, then the codes
+    bok = n_ok[:, :, None] & (ob < NS)                     # D is a multiple of 32: padded blocks read nothing
+    base = rows[:, :, None] + ob * bb
+    if FORMAT == 5:   # q8_0: int8 codes, read in pairs (int16 loads: rows, blocks and codes start at even bytes)
+        base = base[:, :, :, None]                         # [BLOCK_N, blocks, 16 pairs, 2]
+        bok = bok[:, :, :, None]
+        pair = (ptr + base + 2 + 2 * tl.arange(0, 16)[None, None, :, None]).to(tl.pointer_type(tl.int16))
+        w = tl.load(pair, mask=bok, other=0).to(tl.int32)
+        hi = tl.arange(0, 2)[None, None, None, :] == 1     # code 2j in the low byte, 2j + 1 in the high byte
+        x = tl.where(hi, w >> 8, (w << 24) >> 24).to(tl.float32) * _fp16(ptr + base, bok)
+    elif D_PAD >= 512: # q4_0: value j in the low nibble of byte j, value j + 16 in its high nibble; code - 8
+        base = base[:, :, :, None]                         # [BLOCK_N, blocks, 1 (nibble), 1]
+        bok = bok[:, :, :, None]
+        byte = tl.load(ptr + base + 2 + tl.arange(0, 16)[None, None, None, :], mask=bok, other=0).to(tl.int32)
+        hi = tl.arange(0, 2)[None, None, :, None] == 1
+        x = (tl.where(hi, byte >> 4, byte & 15) - 8).to(tl.float32) * _fp16(ptr + base, bok)
+    else:             # q4_0 below 512 (each byte read for both its nibbles: the 4-D read spills at 256 on sm_90,
+        i = offs_d % 32   # the flat one at 512; `make kernel-check`)
+        byte = tl.load(ptr + rows + (offs_d // 32 * 18 + 2 + i % 16)[None, :], mask=ok, other=0).to(tl.int32)
+        x = tl.where(ok, tl.where((i < 16)[None, :], byte & 15, byte >> 4) - 8, 0).to(tl.float32)
+        x = tl.reshape(x, [BLOCK_N, D_PAD // 32, 32]) * _fp16(ptr + base, bok)
+    return tl.reshape(x, [BLOCK_N, D_PAD])
+
+# %% ../../nbs/32_kernels.decode.ipynb #e4856958
+@triton.jit
+def _load_tbq(ptr, rows, n_ok, ok, offs_d, table_ptr, D,
+              FORMAT: tl.constexpr, NS: tl.constexpr, BLK: tl.constexpr):
+    "tbq2/3/4: NS blocks of BLK values per row (BLK 0: D // NS), FORMAT-bit centroid indices, times the scale."
+    # index i at bits [i*FORMAT, (i+1)*FORMAT) of the block's codes, little-endian; a centroid. BLK > 0 (prefill):
+    # the block is a constexpr, / and % by it are shifts or a multiply; 0 (decode): D // NS
     if BLK > 0: blk = BLK
     else: blk = D // NS
     bb = 2 + blk * FORMAT // 8                                 # bytes per block: the scale, then the codes
@@ -74,6 +79,35 @@ def _load_blocks(ptr, rows, n_ok, ok, offs_d, table_ptr, D, FORMAT: tl.constexpr
     return x * sc
 
 @triton.jit
+def _load_blocks(ptr, rows, n_ok, ok, offs_d, table_ptr, D, FORMAT: tl.constexpr, NS: tl.constexpr, BLK: tl.constexpr,
+                 D_PAD: tl.constexpr, BLOCK_N: tl.constexpr):
+    "Byte formats: NS blocks per row, each an fp16 scale then its codes (tbq2/3/4: FORMAT bits, q8_0: 5, q4_0: 6)."
+    if FORMAT >= 5: x = _load_ggml(ptr, rows, n_ok, ok, offs_d, NS, FORMAT, D_PAD, BLOCK_N)
+    else: x = _load_tbq(ptr, rows, n_ok, ok, offs_d, table_ptr, D, FORMAT, NS, BLK)
+    return x
+
+# %% ../../nbs/32_kernels.decode.ipynb #e70ac864
+@triton.jit
+def _load_e8(rows, n_mask, table_ptr, D, NS: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr):
+    "hq-e8-2b rows (pages viewed as int16): D/8 codewords, then NS bf16 scales -> [BLOCK_N, D_PAD]."
+    offs_g = tl.arange(0, D_PAD // 8)
+    ok = n_mask[:, None] & (offs_g < D // 8)[None, :]  # padded groups: scale 0, value 0
+    code = tl.load(rows + offs_g[None, :], mask=ok, other=0).to(tl.int32) & 0xFFFF                  # [BLOCK_N, D/8]
+    s16 = tl.load(rows + D // 8 + (offs_g * NS // (D // 8))[None, :], mask=ok, other=0)   # `quarter_groups`
+    scale = ((s16.to(tl.int32) & 0xFFFF).to(tl.uint32) << 16).to(tl.float32, bitcast=True)  # bf16 bits -> fp32
+    w = tl.load(table_ptr + (code >> 8))             # the pattern: 8 x 2-bit magnitudes | parity << 16
+    sb = (code >> 1) & 127                           # signs of coordinates 1..7
+    par = sb ^ (sb >> 4)
+    par = par ^ (par >> 2)
+    par = (par ^ (par >> 1) ^ (w >> 16)) & 1         # coordinate 0: the parity rule
+    neg = (sb << 1) | par
+    shift = tl.where((code & 1) == 1, 0.25, -0.25)
+    lane = tl.arange(0, 8)[None, None, :]
+    mag = ((w[:, :, None] >> (2 * lane)) & 3).to(tl.float32) + 0.5
+    val = tl.where(((neg[:, :, None] >> lane) & 1) == 1, -mag, mag) + shift[:, :, None]
+    return tl.reshape(val * scale[:, :, None], [BLOCK_N, D_PAD])
+
+@triton.jit
 def _load_rows(ptr, # page base pointer (already at the page and KV head)
                offs_n, n_mask, offs_d, stride_n, table_ptr, D, # D: the head dim (runtime); offs_d spans D_PAD >= D
                FORMAT: tl.constexpr, D_PAD: tl.constexpr, NS: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -86,24 +120,19 @@ def _load_rows(ptr, # page base pointer (already at the page and KV head)
     elif FORMAT >= 2: # tbq, q8_0, q4_0 (pages viewed as bytes)
         x = _load_blocks(ptr, (offs_n * stride_n)[:, None], n_mask[:, None], n_mask[:, None] & (offs_d < D)[None, :],
                          offs_d, table_ptr, D, FORMAT, NS, BLK, D_PAD, BLOCK_N)
-    else:             # hq-e8-2b (pages viewed as int16): D/8 codewords, then NS bf16 scales
-        offs_g = tl.arange(0, D_PAD // 8)
-        ok = n_mask[:, None] & (offs_g < D // 8)[None, :]  # padded groups: scale 0, value 0
-        code = tl.load(rows + offs_g[None, :], mask=ok, other=0).to(tl.int32) & 0xFFFF                  # [BLOCK_N, D/8]
-        s16 = tl.load(rows + D // 8 + (offs_g * NS // (D // 8))[None, :], mask=ok, other=0)   # `quarter_groups`
-        scale = ((s16.to(tl.int32) & 0xFFFF).to(tl.uint32) << 16).to(tl.float32, bitcast=True)  # bf16 bits -> fp32
-        w = tl.load(table_ptr + (code >> 8))             # the pattern: 8 x 2-bit magnitudes | parity << 16
-        sb = (code >> 1) & 127                           # signs of coordinates 1..7
-        par = sb ^ (sb >> 4)
-        par = par ^ (par >> 2)
-        par = (par ^ (par >> 1) ^ (w >> 16)) & 1         # coordinate 0: the parity rule
-        neg = (sb << 1) | par
-        shift = tl.where((code & 1) == 1, 0.25, -0.25)
-        lane = tl.arange(0, 8)[None, None, :]
-        mag = ((w[:, :, None] >> (2 * lane)) & 3).to(tl.float32) + 0.5
-        val = tl.where(((neg[:, :, None] >> lane) & 1) == 1, -mag, mag) + shift[:, :, None]
-        x = tl.reshape(val * scale[:, :, None], [BLOCK_N, D_PAD])
+    else:             # hq-e8-2b (pages viewed as int16)
+        x = _load_e8(rows, n_mask, table_ptr, D, NS, D_PAD, BLOCK_N)
     return x
+
+# %% ../../nbs/32_kernels.decode.ipynb #dc4d6db0
+@triton.jit
+def _split_query(q, DOT_BF16: tl.constexpr):
+    "The FP32 query rows as (hi, lo): two bf16 halves for `tl.dot` (~16 bits kept), or the FP32 rows twice."
+    if DOT_BF16:
+        q_hi = q.to(tl.bfloat16); q_lo = (q - q_hi.to(tl.float32)).to(tl.bfloat16)
+    else:
+        q_hi = q; q_lo = q
+    return q_hi, q_lo
 
 @triton.jit
 def _scores(q_hi, q_lo, k, visible, DOT_BF16: tl.constexpr):
@@ -132,6 +161,7 @@ def _fold(s, v, m, l, acc, DOT_BF16: tl.constexpr):
     else: acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32))
     return m_new, l, acc
 
+# %% ../../nbs/32_kernels.decode.ipynb #128472b6
 @triton.jit
 def _code_blocks(q_hi, q_lo, m, l, acc, j0, j1, p0, h, indices_ptr, k_ptr, v_ptr, kt_ptr, vt_ptr,
                  stride_kp, stride_kn, stride_kh, stride_vp, stride_vn, stride_vh, PAGE, L, s_held, rec_start,
@@ -154,6 +184,7 @@ def _code_blocks(q_hi, q_lo, m, l, acc, j0, j1, p0, h, indices_ptr, k_ptr, v_ptr
         m, l, acc = _fold(s, v, m, l, acc, DOT_BF16)                               # ... before the values are decoded
     return m, l, acc
 
+# %% ../../nbs/32_kernels.decode.ipynb #398f601b
 @triton.jit
 def _window_blocks(q_hi, q_lo, m, l, acc, j0, j1, n_code, slot, h,
                    ks_ptr, vs_ptr, kr_ptr, vr_ptr,
@@ -200,10 +231,7 @@ def decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr,
     g_ok = offs_g < G
     gd_ok = g_ok[:, None] & (offs_d < D)[None, :]
     q = tl.load(q_ptr + b * stride_qb + (h * G + offs_g)[:, None] * stride_qh + offs_d[None, :], mask=gd_ok, other=0.0)
-    if DOT_BF16:
-        q_hi = q.to(tl.bfloat16); q_lo = (q - q_hi.to(tl.float32)).to(tl.bfloat16)
-    else:
-        q_hi = q; q_lo = q
+    q_hi, q_lo = _split_query(q, DOT_BF16)
     p0 = tl.load(indptr_ptr + b)
     n_pages = tl.load(indptr_ptr + b + 1) - p0
     L = (n_pages - 1) * PAGE + tl.load(last_ptr + b)
@@ -222,10 +250,8 @@ def decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr,
     l = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D_PAD], tl.float32)
     m, l, acc = _code_blocks(q_hi, q_lo, m, l, acc, j0, tl.minimum(j1, n_code), p0, h, indices_ptr, k_ptr, v_ptr,
-                             kt_ptr, vt_ptr,
-                             stride_kp, stride_kn, stride_kh, stride_vp, stride_vn, stride_vh,
-                             PAGE, L, s_held, rec_start,
-                 offs_n, offs_d, D,
+                             kt_ptr, vt_ptr, stride_kp, stride_kn, stride_kh, stride_vp, stride_vn, stride_vh,
+                             PAGE, L, s_held, rec_start, offs_n, offs_d, D,
                              K_FORMAT, V_FORMAT, K_NS, V_NS, K_BLK, V_BLK, D_PAD, BLOCK_N, DOT_BF16)
     if WINDOW:
         slot = tl.load(wslot_ptr + b).to(tl.int64)
@@ -233,13 +259,14 @@ def decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr,
                                    stride_ss, stride_sn, stride_sh, stride_rs, stride_rn, stride_rh,
                                    SINKS, RECENT, s_held, rec_start, L - rec_start, offs_n, offs_d, D, DOT_BF16,
                                    BLOCK_N)
-    empty = l == 0.0
+    empty = l == 0.0                                   # the share's acc / l and lse = m + log l (empty: 0, -inf)
     o = acc / tl.where(empty, 1.0, l)[:, None]
     lse = tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, l)))
     po = po_ptr + b * stride_pob + h * stride_poh + s * stride_pos
     tl.store(po + offs_g[:, None] * stride_pog + offs_d[None, :], o, mask=gd_ok)
     tl.store(pl_ptr + b * stride_plb + h * stride_plh + s * stride_pls + offs_g, lse, mask=g_ok)
 
+# %% ../../nbs/32_kernels.decode.ipynb #2cf395c1
 @triton.jit(do_not_specialize=["SPLITS", "G"])
 def decode_merge_kernel(po_ptr, pl_ptr, o_ptr, lse_ptr,
                         stride_pob, stride_poh, stride_pos, stride_pog,
@@ -283,6 +310,19 @@ class DecodeWorkspace:
         return cls(torch.empty(batch, kv_heads, splits, group, head_dim, device=device),
                    torch.empty(batch, kv_heads, splits, group, device=device))
 
+def _block_n(block_n, page_size):
+    "K/V rows per step: a power of two >= 16 that divides the page (capped at the page size)."
+    block_n = min(block_n, page_size)
+    if block_n < 16 or block_n & (block_n - 1): raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
+    return block_n
+
+def default_splits(batch:int, kv_heads:int, pages_per_seq:int) -> int:
+    "Enough programs to fill the GPU (about 2 per SM), never more splits than pages; 2 under the interpreter."
+    if interpreting() or not torch.cuda.is_available(): return 2
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return max(1, min(64, -(-2 * sms // (batch * kv_heads)), max(1, pages_per_seq)))
+
+# %% ../../nbs/32_kernels.decode.ipynb #a815f581
 def _check_pages(k_pages, v_pages, codec):
     "uint8 [num_pages, page_size, kv_heads, row_bytes], contiguous rows of each side's codec; K, V alike but for those."
     for n, t, c in (("k_pages", k_pages, _pair(codec)[0]), ("v_pages", v_pages, _pair(codec)[1])):
@@ -323,6 +363,7 @@ def _window_args(window, window_slots, B, Hkv, D, dev, dummy):
     return ((window.k_sink, window.v_sink, window.k_recent, window.v_recent, slots),
             (ss[0], ss[1], ss[2], rs[0], rs[1], rs[2]), window.sinks, window.recent, True)
 
+# %% ../../nbs/32_kernels.decode.ipynb #1862471c
 _E8_TABLES = {}
 def _e8_table(codec, device):
     "The 256 E8P patterns packed as int32."
@@ -366,18 +407,6 @@ def _kv_args(codec, k_pages, v_pages, dummy, kernel="decode"):
     dev = k_pages.device
     tables = _table(kc, fk, dev, dummy), _table(vc, fv, dev, dummy)
     return _page_view(k_pages, fk), _page_view(v_pages, fv), *tables, meta
-
-def _block_n(block_n, page_size):
-    "K/V rows per step: a power of two >= 16 that divides the page (capped at the page size)."
-    block_n = min(block_n, page_size)
-    if block_n < 16 or block_n & (block_n - 1): raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
-    return block_n
-
-def default_splits(batch:int, kv_heads:int, pages_per_seq:int) -> int:
-    "Enough programs to fill the GPU (about 2 per SM), never more splits than pages; 2 under the interpreter."
-    if interpreting() or not torch.cuda.is_available(): return 2
-    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    return max(1, min(64, -(-2 * sms // (batch * kv_heads)), max(1, pages_per_seq)))
 
 # %% ../../nbs/32_kernels.decode.ipynb #e5bff03a
 def decode(q:Tensor, # float [B, Hq, D], original domain; Hq a multiple of kv_heads

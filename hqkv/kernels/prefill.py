@@ -14,13 +14,28 @@ from torch import Tensor
 from ..codec import Codec
 from ..attention import ExactWindow, _pair
 from . import kernel_formats, check_device, interpreting, tile
-from .decode import (_load_rows, _attend, _scores, _fold, _code_blocks, _window_blocks, _block_n,
-                                 _check_pages, _page_view, _check_i32, _window_args, _kv_args)
+from .decode import (_load_rows, _split_query, _attend, _scores, _fold, _code_blocks, _window_blocks,
+                                 _block_n, _check_pages, _page_view, _check_i32, _window_args, _kv_args)
 
 # %% auto #0
 __all__ = ['prefill_kernel', 'prefill']
 
 # %% ../../nbs/33_kernels.prefill.ipynb #9a8989a4
+@triton.jit
+def _chunk_blocks(q_hi, q_lo, m, l, acc, kn_ptr, vn_ptr, q0, C, qi, last_q, h, stride_nt, stride_nh,
+                  offs_n, offs_d, d_ok, DOT_BF16: tl.constexpr, BLOCK_N: tl.constexpr):
+    "The chunk's own exact K/V up to query `last_q`, BLOCK_N rows at a time; causal (key <= query row `qi`)."
+    for j in range(0, last_q + 1, BLOCK_N):
+        kpos = j + offs_n
+        k_ok = kpos < C
+        ptrs = (q0 + kpos)[:, None].to(tl.int64) * stride_nt + h * stride_nh + offs_d[None, :]
+        k = tl.load(kn_ptr + ptrs, mask=k_ok[:, None] & d_ok[None, :], other=0.0)
+        s = _scores(q_hi, q_lo, k, k_ok[None, :] & (kpos[None, :] <= qi[:, None]), DOT_BF16)
+        v = tl.load(vn_ptr + ptrs, mask=k_ok[:, None] & d_ok[None, :], other=0.0)   # after the scores
+        m, l, acc = _fold(s, v, m, l, acc, DOT_BF16)
+    return m, l, acc
+
+# %% ../../nbs/33_kernels.prefill.ipynb #cc2985be
 @triton.jit(do_not_specialize=["SINKS", "RECENT", "G", "PAGE"])
 def prefill_kernel(q_ptr, kn_ptr, vn_ptr, qo_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, prefix_ptr,
                    ks_ptr, vs_ptr, kr_ptr, vr_ptr, wslot_ptr, kt_ptr, vt_ptr, o_ptr, lse_ptr,
@@ -45,10 +60,7 @@ def prefill_kernel(q_ptr, kn_ptr, vn_ptr, qo_ptr, k_ptr, v_ptr, indptr_ptr, indi
         qh = h * G + offs_m % G
         q = tl.load(q_ptr + (q0 + qi)[:, None].to(tl.int64) * stride_qt + qh[:, None] * stride_qh + offs_d[None, :],
                     mask=r_ok[:, None] & d_ok[None, :], other=0.0)
-        if DOT_BF16:
-            q_hi = q.to(tl.bfloat16); q_lo = (q - q_hi.to(tl.float32)).to(tl.bfloat16)
-        else:
-            q_hi = q; q_lo = q
+        q_hi, q_lo = _split_query(q, DOT_BF16)
         m = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
@@ -77,14 +89,8 @@ def prefill_kernel(q_ptr, kn_ptr, vn_ptr, qo_ptr, k_ptr, v_ptr, indptr_ptr, indi
                                        BLOCK_N)
         # 3. the chunk's own exact K/V, causal
         last_q = (tl.minimum(C * G, (mt + 1) * BLOCK_M) - 1) // G
-        for j in range(0, last_q + 1, BLOCK_N):
-            kpos = j + offs_n
-            k_ok = kpos < C
-            ptrs = (q0 + kpos)[:, None].to(tl.int64) * stride_nt + h * stride_nh + offs_d[None, :]
-            k = tl.load(kn_ptr + ptrs, mask=k_ok[:, None] & d_ok[None, :], other=0.0)
-            s = _scores(q_hi, q_lo, k, k_ok[None, :] & (kpos[None, :] <= qi[:, None]), DOT_BF16)
-            v = tl.load(vn_ptr + ptrs, mask=k_ok[:, None] & d_ok[None, :], other=0.0)   # after the scores
-            m, l, acc = _fold(s, v, m, l, acc, DOT_BF16)
+        m, l, acc = _chunk_blocks(q_hi, q_lo, m, l, acc, kn_ptr, vn_ptr, q0, C, qi, last_q, h, stride_nt, stride_nh,
+                                  offs_n, offs_d, d_ok, DOT_BF16, BLOCK_N)
         o = acc / l[:, None]          # every row sees at least its own key
         tl.store(o_ptr + (q0 + qi)[:, None].to(tl.int64) * stride_ot + qh[:, None] * stride_oh + offs_d[None, :], o,
                  mask=r_ok[:, None] & d_ok[None, :])
@@ -126,7 +132,7 @@ def prefill(q:Tensor, # float [T, Hq, D]: the chunks' queries (original domain)
     dev = check_device(q, k_new, v_new, qo_indptr, k_pages, v_pages, indptr, indices, prefix_lens)
     if T == 0: return (q.new_empty(0, Hq, D), torch.empty(0, Hq, device=dev)) if return_lse else q.new_empty(0, Hq, D)
     if max_chunk is None: max_chunk = int((qo_indptr[1:] - qo_indptr[:-1]).max())
-    t = tile("prefill", D, dev)
+    t = tile("prefill", D, dev, kc.name if kc.name == vc.name else f"{kc.name}/{vc.name}")   # `FORMAT_TILES`
     block_m = t.block_m if block_m is None else block_m
     block_n = _block_n(t.block_n if block_n is None else block_n, PAGE)
     scale = 1 / math.sqrt(D) if scale is None else float(scale)
