@@ -41,14 +41,11 @@ class SeqKV:
         self.k_pages = torch.empty(0, PAGE_TOKENS, kv_heads, self.k_codec.row_bytes, dtype=torch.uint8, device=device)
         self.v_pages = torch.empty(0, PAGE_TOKENS, kv_heads, codec.row_bytes, dtype=torch.uint8, device=device)
         self.window = ExactWindow.allocate(1, kv_heads, codec.head_dim, sinks, recent, device=device)
-
     @property
     def pages(self)->int: return -(-self.n // PAGE_TOKENS)   # pages in use
-
     def _rows(self, t:Tensor)->Tensor: return t.view(-1, self.kv_heads, t.shape[-1])
     @property
     def _codecs(self): return self.codec if self.k_codec is self.codec else (self.k_codec, self.codec)
-
     def _reserve(self, n:int):
         need, cap = -(-n // PAGE_TOKENS), self.k_pages.shape[0]
         if need <= cap: return
@@ -56,45 +53,51 @@ class SeqKV:
         grow = lambda t: torch.cat([t, t.new_zeros(new - cap, *t.shape[1:])])
         self.k_pages, self.v_pages = grow(self.k_pages), grow(self.v_pages)
 
-    def append(self, k:Tensor, v:Tensor): # float [T, kv_heads, D] each, original domain
-        "Code `T` new tokens into the pages and the window."
-        if k.ndim != 3 or k.shape != v.shape or tuple(k.shape[1:]) != (self.kv_heads, self.codec.head_dim):
-            raise ValueError(f"SeqKV.append: k and v must be [T, {self.kv_heads}, {self.codec.head_dim}], got "
-                             f"{tuple(k.shape)} and {tuple(v.shape)}")
-        T = k.shape[0]
-        # first: a refused input (NaN, Inf) leaves nothing half-written
-        rk, rv = self.k_codec.encode(k), self.codec.encode(v)
-        self._reserve(self.n + T)
-        self._rows(self.k_pages)[self.n:self.n + T], self._rows(self.v_pages)[self.n:self.n + T] = rk, rv
-        self.window.append(0, k, v, self.k_codec, self.codec)
-        self.n += T
+# %% ../nbs/70_hf.ipynb #cc24e304
+@patch
+def append(self:SeqKV, k:Tensor, v:Tensor): # float [T, kv_heads, D] each, original domain
+    "Code `T` new tokens into the pages and the window."
+    if k.ndim != 3 or k.shape != v.shape or tuple(k.shape[1:]) != (self.kv_heads, self.codec.head_dim):
+        raise ValueError(f"SeqKV.append: k and v must be [T, {self.kv_heads}, {self.codec.head_dim}], got "
+                         f"{tuple(k.shape)} and {tuple(v.shape)}")
+    T = k.shape[0]
+    # first: a refused input (NaN, Inf) leaves nothing half-written
+    rk, rv = self.k_codec.encode(k), self.codec.encode(v)
+    self._reserve(self.n + T)
+    self._rows(self.k_pages)[self.n:self.n + T], self._rows(self.v_pages)[self.n:self.n + T] = rk, rv
+    self.window.append(0, k, v, self.k_codec, self.codec)
+    self.n += T
 
-    def decoded(self)->tuple[Tensor, Tensor]: # float32 [n, kv_heads, D] K and V, original domain
-        "What attention sees of the stored tokens: decoded rows, exact window rows where held."
-        k = self.k_codec.decode_rotated(self._rows(self.k_pages)[:self.n])
-        v = self.codec.decode_rotated(self._rows(self.v_pages)[:self.n])
-        held, kw, vw = self.window.lookup(0, torch.arange(self.n, device=k.device))
-        h = held[:, None, None]
-        return self.k_codec.unrotate(torch.where(h, kw, k)), self.codec.unrotate(torch.where(h, vw, v))
+@patch
+def decoded(self:SeqKV)->tuple[Tensor, Tensor]: # float32 [n, kv_heads, D] K and V, original domain
+    "What attention sees of the stored tokens: decoded rows, exact window rows where held."
+    k = self.k_codec.decode_rotated(self._rows(self.k_pages)[:self.n])
+    v = self.codec.decode_rotated(self._rows(self.v_pages)[:self.n])
+    held, kw, vw = self.window.lookup(0, torch.arange(self.n, device=k.device))
+    h = held[:, None, None]
+    return self.k_codec.unrotate(torch.where(h, kw, k)), self.codec.unrotate(torch.where(h, vw, v))
 
-    def clone(self)->SeqKV:
-        "An independent copy (beam search duplicates sequences)."
-        c = SeqKV.__new__(SeqKV)
-        c.codec, c.k_codec, c.kv_heads, c.n = self.codec, self.k_codec, self.kv_heads, self.n
-        c.k_pages, c.v_pages, w = self.k_pages.clone(), self.v_pages.clone(), self.window
-        c.window = ExactWindow(w.k_sink.clone(), w.v_sink.clone(), w.k_recent.clone(), w.v_recent.clone(),
-                               w.lens.clone())
-        return c
+# %% ../nbs/70_hf.ipynb #2e925d87
+@patch
+def clone(self:SeqKV)->SeqKV:
+    "An independent copy (beam search duplicates sequences)."
+    c = SeqKV.__new__(SeqKV)
+    c.codec, c.k_codec, c.kv_heads, c.n = self.codec, self.k_codec, self.kv_heads, self.n
+    c.k_pages, c.v_pages, w = self.k_pages.clone(), self.v_pages.clone(), self.window
+    c.window = ExactWindow(w.k_sink.clone(), w.v_sink.clone(), w.k_recent.clone(), w.v_recent.clone(),
+                           w.lens.clone())
+    return c
 
-    @property
-    def nbytes(self)->int:
-        "Bytes held: allocated pages (K and V) plus the window."
-        return self.k_pages.nbytes + self.v_pages.nbytes + self.window.nbytes
-    @property
-    def used_nbytes(self)->int:
-        "Bytes of the pages in use (the pool's accounting) plus the window."
-        return (self.pages * PAGE_TOKENS * self.kv_heads * (self.k_codec.row_bytes + self.codec.row_bytes)
-                + self.window.nbytes)
+@patch(as_prop=True)
+def nbytes(self:SeqKV)->int:
+    "Bytes held: allocated pages (K and V) plus the window."
+    return self.k_pages.nbytes + self.v_pages.nbytes + self.window.nbytes
+
+@patch(as_prop=True)
+def used_nbytes(self:SeqKV)->int:
+    "Bytes of the pages in use (the pool's accounting) plus the window."
+    return (self.pages * PAGE_TOKENS * self.kv_heads * (self.k_codec.row_bytes + self.codec.row_bytes)
+            + self.window.nbytes)
 
 # %% ../nbs/70_hf.ipynb #3a7eebef
 @patch
@@ -147,7 +150,6 @@ class HQKVLayer(CacheLayerMixin):
         self.k_codec = codec if k_codec is None else k_codec
         self.profile, self.slot = key_profile, slot
         self.seqs, self.cumulative_length, self.path, self._pending, self._valid = [], 0, None, None, None
-
     def lazy_initialization(self, key_states:Tensor, value_states:Tensor):
         B, H, _, D = key_states.shape
         if D != self.codec.head_dim:
@@ -159,7 +161,6 @@ class HQKVLayer(CacheLayerMixin):
         self._valid = torch.zeros(B, 0, dtype=torch.bool, device=self.device)
         if self.profile is not None: self.profile = self.profile.to(self.device)   # once, not per call
         self.is_initialized = True
-
     def update(self, key_states:Tensor, value_states:Tensor, # [B, kv_heads, T, D]: the chunk, post-RoPE
                *args, **kwargs)->tuple[Tensor, Tensor]:
         "Decoded path: store the chunk, return [decoded prefix; chunk]. Paged path: return the chunk, tagged."
@@ -185,33 +186,51 @@ class HQKVLayer(CacheLayerMixin):
             # the attention function finds the layer through its keys
             k = key_states.view_as(key_states); k._hqkv_layer = self
             return k, value_states
-        old = [s.decoded() for s in self.seqs]
-        if self.profile is not None: old = [(self.profile.restore_keys(self.slot, k), v) for k, v in old]
-        for b, s in enumerate(self.seqs):
-            s.append(self._keys(key_states[b].transpose(0, 1)), value_states[b].transpose(0, 1))
-        self.cumulative_length += T
-        ks = torch.stack([k for k, _ in old]).transpose(1, 2).to(key_states.dtype)
-        vs = torch.stack([v for _, v in old]).transpose(1, 2).to(value_states.dtype)
-        return torch.cat([ks, key_states], 2), torch.cat([vs, value_states], 2)
-
-    def _keys(self, k:Tensor)->Tensor: return k if self.profile is None else self.profile.apply_keys(self.slot, k)
+        return self._store_decoded(key_states, value_states)
     def get_mask_sizes(self, query_length:int)->tuple[int, int]: return self.cumulative_length + query_length, 0
     def get_seq_length(self)->int: return self.cumulative_length
     def get_max_length(self)->int: return -1
-    def reset(self):
-        "Forget everything (the next `update` starts a new batch)."
-        self.seqs, self.cumulative_length, self.path, self._pending, self._valid = [], 0, None, None, None
-        self.is_initialized = False
-    def offload(self): pass      # CPU offloading of coded rows: not needed, they are small
-    def prefetch(self): pass
-    def crop(self, tokens_to_remove:int):
-        raise NotImplementedError("HQKVLayer cannot crop: the exact window's ring has already dropped what "
-                                  "a rollback needs")
-    @property
-    def nbytes(self)->int: return sum(s.nbytes for s in self.seqs)
-    def __repr__(self):
-        keys = f", keys {self.k_codec.name}" if self.k_codec is not self.codec else ""
-        return f"HQKVLayer({self.codec.name}{keys}, window={self.sinks}+{self.recent}, path={self.path})"
+
+# %% ../nbs/70_hf.ipynb #f2dd9cc4
+@patch
+def _store_decoded(self:HQKVLayer, key_states:Tensor, value_states:Tensor)->tuple[Tensor, Tensor]:
+    "Decoded path: code the chunk into every sequence, return [decoded prefix; chunk] for the model's own attention."
+    old = [s.decoded() for s in self.seqs]
+    if self.profile is not None: old = [(self.profile.restore_keys(self.slot, k), v) for k, v in old]
+    for b, s in enumerate(self.seqs):
+        s.append(self._keys(key_states[b].transpose(0, 1)), value_states[b].transpose(0, 1))
+    self.cumulative_length += key_states.shape[2]
+    ks = torch.stack([k for k, _ in old]).transpose(1, 2).to(key_states.dtype)
+    vs = torch.stack([v for _, v in old]).transpose(1, 2).to(value_states.dtype)
+    return torch.cat([ks, key_states], 2), torch.cat([vs, value_states], 2)
+
+@patch
+def _keys(self:HQKVLayer, k:Tensor)->Tensor: return k if self.profile is None else self.profile.apply_keys(self.slot, k)
+
+@patch
+def reset(self:HQKVLayer):
+    "Forget everything (the next `update` starts a new batch)."
+    self.seqs, self.cumulative_length, self.path, self._pending, self._valid = [], 0, None, None, None
+    self.is_initialized = False
+
+@patch
+def offload(self:HQKVLayer): pass      # CPU offloading of coded rows: not needed, they are small
+
+@patch
+def prefetch(self:HQKVLayer): pass
+
+@patch
+def crop(self:HQKVLayer, tokens_to_remove:int):
+    raise NotImplementedError("HQKVLayer cannot crop: the exact window's ring has already dropped what "
+                              "a rollback needs")
+
+@patch(as_prop=True)
+def nbytes(self:HQKVLayer)->int: return sum(s.nbytes for s in self.seqs)
+
+@patch
+def __repr__(self:HQKVLayer):
+    keys = f", keys {self.k_codec.name}" if self.k_codec is not self.codec else ""
+    return f"HQKVLayer({self.codec.name}{keys}, window={self.sinks}+{self.recent}, path={self.path})"
 
 # %% ../nbs/70_hf.ipynb #1fd5bad8
 @patch
@@ -385,38 +404,45 @@ class HQKVCache(Cache):
         self.codec, self.config, self.window_sinks, self.window_recent = codec, cfg, window_sinks, window_recent
         self.key_profile, self._hqkv_idx, self.layout = key_profile, full, layout
         self.key_formats, self.value_formats, self.bit_plan = kf, vf, plan
-
-    def update(self, key_states:Tensor, value_states:Tensor, layer_idx:int, *args, **kwargs)->tuple[Tensor, Tensor]:
-        "Check that no coded layer is left inconsistent, then let layer `layer_idx` update."
-        impl = _attn_impl(self.config)
-        for i in self._hqkv_idx:
-            l = self.layers[i]
-            if l._pending is not None:
-                raise RuntimeError(f"HQKVCache: layer {i}'s last chunk never reached the hqkv attention function, so "
-                                   "it was not stored (was the cache given a different config object "
-                                   "than the model's?)")
-            if l.path is not None and l.path != ("paged" if impl == ATTN_NAME else "decoded"):
-                raise RuntimeError(f"HQKVCache: this cache holds tokens stored on the {l.path} path, but the model's "
-                                   f"attention implementation is now {impl!r}; start a new cache after changing it")
-        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
-
     @property
     def decode_reads(self)->bool: return self.layers[self._hqkv_idx[0]].decode_reads
     @decode_reads.setter
     def decode_reads(self, on:bool):
         "Whether the next prompt chunks read keys as decode steps would (settable between forwards)."
         for i in self._hqkv_idx: self.layers[i].decode_reads = bool(on)
-    @property
-    def hqkv_layers(self)->list[int]: return list(self._hqkv_idx)   # indices of the coded (full-attention) layers
-    @property
-    def nbytes(self)->int: return cache_nbytes(self)
-    def __repr__(self):
-        kf = ("".join(f", layer {l} keys {f}" for l, f in self.key_formats.items())
-              + "".join(f", layer {l} values {f}" for l, f in self.value_formats.items()))
-        return (f"HQKVCache({self.codec.name}{kf}, {len(self.hqkv_layers)} of {len(self.layers)} layers coded, "
-                f"window {self.window_sinks}+{self.window_recent}, key profile "
-                f"{'on' if self.key_profile is not None else 'off'}, "
-                f"seq_len={self.get_seq_length(self.hqkv_layers[0])})")
+
+# %% ../nbs/70_hf.ipynb #b9982a44
+@patch
+def update(self:HQKVCache, key_states:Tensor, value_states:Tensor, layer_idx:int,
+           *args, **kwargs)->tuple[Tensor, Tensor]:
+    "Check that no coded layer is left inconsistent, then let layer `layer_idx` update."
+    impl = _attn_impl(self.config)
+    for i in self._hqkv_idx:
+        l = self.layers[i]
+        if l._pending is not None:
+            raise RuntimeError(f"HQKVCache: layer {i}'s last chunk never reached the hqkv attention function, so "
+                               "it was not stored (was the cache given a different config object "
+                               "than the model's?)")
+        if l.path is not None and l.path != ("paged" if impl == ATTN_NAME else "decoded"):
+            raise RuntimeError(f"HQKVCache: this cache holds tokens stored on the {l.path} path, but the model's "
+                               f"attention implementation is now {impl!r}; start a new cache after changing it")
+    return super(HQKVCache, self).update(key_states, value_states, layer_idx, *args, **kwargs)
+
+# %% ../nbs/70_hf.ipynb #e40ed2fe
+@patch(as_prop=True)
+def hqkv_layers(self:HQKVCache)->list[int]: return list(self._hqkv_idx)   # indices of the coded (full-attention) layers
+
+@patch(as_prop=True)
+def nbytes(self:HQKVCache)->int: return cache_nbytes(self)
+
+@patch
+def __repr__(self:HQKVCache):
+    kf = ("".join(f", layer {l} keys {f}" for l, f in self.key_formats.items())
+          + "".join(f", layer {l} values {f}" for l, f in self.value_formats.items()))
+    return (f"HQKVCache({self.codec.name}{kf}, {len(self.hqkv_layers)} of {len(self.layers)} layers coded, "
+            f"window {self.window_sinks}+{self.window_recent}, key profile "
+            f"{'on' if self.key_profile is not None else 'off'}, "
+            f"seq_len={self.get_seq_length(self.hqkv_layers[0])})")
 
 # %% ../nbs/70_hf.ipynb #a1f2c75e
 def _storage_bytes(t:Tensor, seen:set)->int:
