@@ -27,6 +27,8 @@ __all__ = ['PAGE_TOKENS', 'ATTN_NAME', 'SeqKV', 'HQKVLayer', 'hqkv_attention', '
 PAGE_TOKENS = 64          # tokens per page, as in the pool
 ATTN_NAME = "hqkv"        # the name of our attention function in transformers' AttentionInterface
 
+def _attn_impl(config)->str|None: return getattr(config, "_attn_implementation", None)
+
 class SeqKV:
     "Coded K/V of one sequence in one layer: 64-token pages of codec rows plus the exact window."
     def __init__(self, codec:Codec, # the layer's format (its values, and its keys unless `k_codec`)
@@ -130,8 +132,6 @@ def attend_as_decode(self:SeqKV, q:Tensor, k:Tensor, v:Tensor, # as `attend`
                          mask=decode_reads(P, n, lo, hi, R, q.device)).to(q.dtype)
 
 # %% ../nbs/70_hf.ipynb #78d99462
-def _attn_impl(config)->str|None: return getattr(config, "_attn_implementation", None)
-
 class HQKVLayer(CacheLayerMixin):
     "A transformers cache layer keeping one full-attention layer's K/V as codec rows plus the exact window."
     is_sliding, is_compileable, is_croppable = False, False, False
