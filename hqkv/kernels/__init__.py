@@ -9,7 +9,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 import torch
+from torch import Tensor
 from ..codec import Codec
+from ..attention import ExactWindow, _pair
 
 # %% auto #0
 __all__ = ['KERNEL_FORMATS', 'KERNEL_HEAD_DIMS', 'TILES', 'FORMAT_TILES', 'kernel_format', 'kernel_formats', 'interpreting',
@@ -56,6 +58,47 @@ def check_device(*ts:torch.Tensor):
         raise ValueError("Triton kernels need CUDA tensors (or TRITON_INTERPRET=1 for the CPU interpreter); use "
                          "hqkv.attention's torch reference on CPU")
     return dev
+
+# %% ../../nbs/30a_kernels.ipynb #a815f581
+def _check_pages(k_pages, v_pages, codec):
+    "uint8 [num_pages, page_size, kv_heads, row_bytes], contiguous rows of each side's codec; K, V alike but for those."
+    for n, t, c in (("k_pages", k_pages, _pair(codec)[0]), ("v_pages", v_pages, _pair(codec)[1])):
+        if not isinstance(t, Tensor) or t.dtype != torch.uint8 or t.ndim != 4 or t.shape[-1] != c.row_bytes:
+            raise ValueError(f"{n} must be uint8 [num_pages, page_size, kv_heads, {c.row_bytes}] for {c.name} at "
+                             f"head_dim {c.head_dim}, got {getattr(t, 'dtype', None)} {tuple(getattr(t, 'shape', ()))}")
+        if t.stride(-1) != 1: raise ValueError(f"{n}: rows must be contiguous (stride 1 along row_bytes)")
+    if k_pages.shape[:3] != v_pages.shape[:3]:
+        raise ValueError(f"k_pages {tuple(k_pages.shape)} and v_pages {tuple(v_pages.shape)} must have the same pages, "
+                         "rows and heads")
+
+def _page_view(pages, fmt):
+    "bf16 pages are read as bf16 elements, hq-e8-2b pages as int16 (16-bit codewords and scales), the others as bytes."
+    return pages.view(torch.bfloat16) if fmt == 0 else pages.view(torch.int16) if fmt == 1 else pages
+
+def _check_i32(name, t, n=None):
+    if (not isinstance(t, Tensor) or t.dtype != torch.int32 or t.ndim != 1 or (n is not None and t.shape[0] != n)
+            or (t.numel() and t.stride(0) != 1)):
+        raise ValueError(f"{name} must be a contiguous 1-D int32 tensor" + (f" of {n} entries" if n is not None else "")
+                         + f", got {getattr(t, 'dtype', None)} {tuple(getattr(t, 'shape', ()))}")
+
+def _window_args(window, window_slots, B, Hkv, D, dev, dummy):
+    "Pointers, strides and sizes of the window (dummies when there is none)."
+    if window is None: return (dummy,) * 5, (0,) * 6, 0, 0, False
+    if not isinstance(window, ExactWindow):
+        raise TypeError(f"window must be an ExactWindow, got {type(window).__name__}")
+    if tuple(window.k_sink.shape[2:]) != (Hkv, D):
+        raise ValueError(f"window holds [.., {window.k_sink.shape[2]}, {window.k_sink.shape[3]}], the pages "
+                         f"{Hkv} kv heads of {D}")
+    for t in (window.k_sink, window.v_sink, window.k_recent, window.v_recent):
+        if t.device != dev: raise ValueError(f"window is on {t.device}, the pages on {dev}")
+        if t.stride(-1) != 1: raise ValueError("window rows must be contiguous")
+    if window.k_sink.stride() != window.v_sink.stride() or window.k_recent.stride() != window.v_recent.stride():
+        raise ValueError("window K and V must share strides")
+    slots = torch.arange(B, dtype=torch.int32, device=dev) if window_slots is None else window_slots
+    _check_i32("window_slots", slots, B)
+    ss, rs = window.k_sink.stride(), window.k_recent.stride()
+    return ((window.k_sink, window.v_sink, window.k_recent, window.v_recent, slots),
+            (ss[0], ss[1], ss[2], rs[0], rs[1], rs[2]), window.sinks, window.recent, True)
 
 # %% ../../nbs/30a_kernels.ipynb #7a1e5c02
 @dataclass(frozen=True, slots=True)

@@ -13,9 +13,10 @@ import triton.language as tl
 from torch import Tensor
 from ..codec import Codec
 from ..attention import ExactWindow, _pair
-from . import kernel_formats, check_device, interpreting, tile
+from . import (kernel_formats, check_device, interpreting, tile, _check_pages, _page_view, _check_i32,
+                          _window_args)
 from .decode import (_load_rows, _split_query, _attend, _scores, _fold, _code_blocks, _window_blocks,
-                                 _block_n, _check_pages, _page_view, _check_i32, _window_args, _kv_args)
+                                 _block_n, _kv_args)
 
 # %% auto #0
 __all__ = ['prefill_kernel', 'prefill']

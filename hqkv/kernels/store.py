@@ -12,8 +12,7 @@ import triton.language as tl
 from torch import Tensor
 from ..codec import Codec
 from ..attention import _pair
-from . import kernel_format, kernel_formats, check_device, tile
-from .decode import _check_pages
+from . import kernel_format, kernel_formats, check_device, tile, _check_pages
 
 # %% auto #0
 __all__ = ['store_kernel', 'store']
@@ -61,6 +60,7 @@ def _e8p_nearest(x, # fp32 [NG, 8]: groups (already normalised)
     sbits = tl.sum(tl.where(lane[None, :] >= 1, neg << tl.maximum(lane[None, :] - 1, 0), 0), 1)
     return (bp << 8) | (sbits << 1) | bs
 
+# %% ../../nbs/31_kernels.store.ipynb #89b9f91f
 @triton.jit(do_not_specialize=["T"])
 def store_kernel(x_ptr, pages_ptr, slot_ptr, abs_ptr, par_ptr, T,
                  stride_xt, stride_xh, stride_kp, stride_kn, stride_kh, D,
@@ -119,6 +119,7 @@ def store(k:Tensor, v:Tensor, # float [T, kv_heads, D]: new rows, original domai
         if not bool(torch.isfinite(k).all() & torch.isfinite(v).all()): raise ValueError("k/v contain NaN or Inf")
     for x, pages, c in ((k, k_pages, kc), (v, v_pages, vc)): _store_rows(x, pages, slot_mapping, c, block_t)
 
+# %% ../../nbs/31_kernels.store.ipynb #56a2db13
 def _store_rows(x, pages, slot_mapping, codec, block_t):
     "Code rows x [T, kv_heads, D] into `pages` at `slot_mapping`: bf16, hq-e8-2b by the kernel, others by the codec."
     fmt, (T, Hkv, D), PAGE = kernel_format(codec), x.shape, pages.shape[1]
@@ -142,6 +143,7 @@ def _store_rows(x, pages, slot_mapping, codec, block_t):
         pages[pid, row, :, D // 4:] = _e8_scales(codec, z, c, unit).reshape(T, Hkv, -1)
     else: pages[pid, row] = codec.encode(x)             # tbq, q8_0, q4_0: the codec's torch code, on the pages' device
 
+# %% ../../nbs/31_kernels.store.ipynb #295a7026
 def _e8_prepare(codec, x):
     "Rotated rows normalised per quarter, z [T, kv_heads, D], and the quarters' units [T*kv_heads, Q]."
     # `HQE8._encode`'s first steps, op for op
