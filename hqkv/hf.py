@@ -16,120 +16,18 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from .codec import Codec, get_codec, asked_codec_opts
 from .keyprofile import cache_setup
-from .attention import ExactWindow, paged_prefill
+from .attention import ExactWindow
+from .seqkv import SeqKV   # one row's storage (70a_seqkv); `from hqkv.hf import SeqKV` keeps working
 from .models.load import head_dim_of
 
 # %% auto #0
-__all__ = ['PAGE_TOKENS', 'ATTN_NAME', 'SeqKV', 'HQKVLayer', 'hqkv_attention', 'register_hqkv_attention', 'use_hqkv_attention',
-           'cache_key_profile', 'HQKVCache', 'cache_nbytes']
+__all__ = ['ATTN_NAME', 'HQKVLayer', 'hqkv_attention', 'register_hqkv_attention', 'use_hqkv_attention', 'cache_key_profile',
+           'HQKVCache', 'cache_nbytes']
 
 # %% ../nbs/70_hf.ipynb #e21343cb
-PAGE_TOKENS = 64          # tokens per page, as in the pool
 ATTN_NAME = "hqkv"        # the name of our attention function in transformers' AttentionInterface
 
 def _attn_impl(config)->str|None: return getattr(config, "_attn_implementation", None)
-
-class SeqKV:
-    "Coded K/V of one sequence in one layer: 64-token pages of codec rows plus the exact window."
-    def __init__(self, codec:Codec, # the layer's format (its values, and its keys unless `k_codec`)
-                 kv_heads:int, # KV heads of the layer
-                 sinks:int=32, recent:int=512, # exact window: first `sinks` and latest `recent` tokens
-                 device=None,
-                 k_codec:Codec|None=None): # the keys' format, when it is not `codec`
-        self.codec, self.k_codec, self.kv_heads, self.n = codec, codec if k_codec is None else k_codec, kv_heads, 0
-        if self.k_codec.head_dim != codec.head_dim:
-            raise ValueError(f"SeqKV: key codec head_dim {self.k_codec.head_dim} != value codec head_dim "
-                             f"{codec.head_dim}")
-        self.k_pages = torch.empty(0, PAGE_TOKENS, kv_heads, self.k_codec.row_bytes, dtype=torch.uint8, device=device)
-        self.v_pages = torch.empty(0, PAGE_TOKENS, kv_heads, codec.row_bytes, dtype=torch.uint8, device=device)
-        self.window = ExactWindow.allocate(1, kv_heads, codec.head_dim, sinks, recent, device=device)
-    @property
-    def pages(self)->int: return -(-self.n // PAGE_TOKENS)   # pages in use
-    def _rows(self, t:Tensor)->Tensor: return t.view(-1, self.kv_heads, t.shape[-1])
-    @property
-    def _codecs(self): return self.codec if self.k_codec is self.codec else (self.k_codec, self.codec)
-    def _reserve(self, n:int):
-        need, cap = -(-n // PAGE_TOKENS), self.k_pages.shape[0]
-        if need <= cap: return
-        new = max(need, cap + max(1, cap // 8))   # exact for a first chunk, then at most 1/8 spare
-        grow = lambda t: torch.cat([t, t.new_zeros(new - cap, *t.shape[1:])])
-        self.k_pages, self.v_pages = grow(self.k_pages), grow(self.v_pages)
-
-# %% ../nbs/70_hf.ipynb #cc24e304
-@patch
-def append(self:SeqKV, k:Tensor, v:Tensor): # float [T, kv_heads, D] each, original domain
-    "Code `T` new tokens into the pages and the window."
-    if k.ndim != 3 or k.shape != v.shape or tuple(k.shape[1:]) != (self.kv_heads, self.codec.head_dim):
-        raise ValueError(f"SeqKV.append: k and v must be [T, {self.kv_heads}, {self.codec.head_dim}], got "
-                         f"{tuple(k.shape)} and {tuple(v.shape)}")
-    T = k.shape[0]
-    # first: a refused input (NaN, Inf) leaves nothing half-written
-    rk, rv = self.k_codec.encode(k), self.codec.encode(v)
-    self._reserve(self.n + T)
-    self._rows(self.k_pages)[self.n:self.n + T], self._rows(self.v_pages)[self.n:self.n + T] = rk, rv
-    self.window.append(0, k, v, self.k_codec, self.codec)
-    self.n += T
-
-@patch
-def decoded(self:SeqKV)->tuple[Tensor, Tensor]: # float32 [n, kv_heads, D] K and V, original domain
-    "What attention sees of the stored tokens: decoded rows, exact window rows where held."
-    k = self.k_codec.decode_rotated(self._rows(self.k_pages)[:self.n])
-    v = self.codec.decode_rotated(self._rows(self.v_pages)[:self.n])
-    held, kw, vw = self.window.lookup(0, torch.arange(self.n, device=k.device))
-    h = held[:, None, None]
-    return self.k_codec.unrotate(torch.where(h, kw, k)), self.codec.unrotate(torch.where(h, vw, v))
-
-# %% ../nbs/70_hf.ipynb #2e925d87
-@patch
-def clone(self:SeqKV)->SeqKV:
-    "An independent copy (beam search duplicates sequences)."
-    c = SeqKV.__new__(SeqKV)
-    c.codec, c.k_codec, c.kv_heads, c.n = self.codec, self.k_codec, self.kv_heads, self.n
-    c.k_pages, c.v_pages, w = self.k_pages.clone(), self.v_pages.clone(), self.window
-    c.window = ExactWindow(w.k_sink.clone(), w.v_sink.clone(), w.k_recent.clone(), w.v_recent.clone(),
-                           w.lens.clone())
-    return c
-
-@patch(as_prop=True)
-def nbytes(self:SeqKV)->int:
-    "Bytes held: allocated pages (K and V) plus the window."
-    return self.k_pages.nbytes + self.v_pages.nbytes + self.window.nbytes
-
-@patch(as_prop=True)
-def used_nbytes(self:SeqKV)->int:
-    "Bytes of the pages in use (the pool's accounting) plus the window."
-    return (self.pages * PAGE_TOKENS * self.kv_heads * (self.k_codec.row_bytes + self.codec.row_bytes)
-            + self.window.nbytes)
-
-# %% ../nbs/70_hf.ipynb #3a7eebef
-@patch
-def attend(self:SeqKV, q:Tensor, # [C, Hq, D]: a chunk's queries (original domain)
-           k:Tensor, v:Tensor, # [C, kv_heads, D]: the chunk's own exact K/V
-           scale:float)->Tensor: # [C, Hq, D] in q's dtype
-    "Causal attention of a chunk over the coded prefix, page by page (`paged_prefill`), and over itself."
-    i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=q.device)
-    P = self.pages
-    return paged_prefill(q, k, v, i32([0, q.shape[0]]), self.k_pages, self.v_pages, i32([0, P]),
-                         torch.arange(P, dtype=torch.int32, device=q.device), i32([self.n]), self._codecs,
-                         scale=scale, window=self.window, window_slots=i32([0]))
-
-@patch
-def attend_as_decode(self:SeqKV, q:Tensor, k:Tensor, v:Tensor, # as `attend`
-                     scale:float)->Tensor: # [C, Hq, D] in q's dtype
-    "Store the chunk, and attend as decode steps would read it (`hqkv.window.decode_reads`)."
-    # each query reads the keys older than its own window from the codes
-    from hqkv.window import decode_span, decode_reads
-    from hqkv.backends import gqa_attention
-    P, n, R = self.n, q.shape[0], self.window.recent
-    kp, vp = self.decoded()                        # the prefix as the chunk's prefill reads it
-    self.append(k, v)
-    K, V = torch.cat([kp, k.float()]), torch.cat([vp, v.float()])
-    lo, hi = decode_span(P, n, self.window.sinks, R)
-    if hi == lo: return gqa_attention(q.float(), K, V, P, scale).to(q.dtype)
-    kx = self.k_codec.unrotate(self.k_codec.decode_rotated(self._rows(self.k_pages)[lo:hi]))
-    vx = self.codec.unrotate(self.codec.decode_rotated(self._rows(self.v_pages)[lo:hi]))
-    return gqa_attention(q.float(), torch.cat([K, kx]), torch.cat([V, vx]), P, scale,
-                         mask=decode_reads(P, n, lo, hi, R, q.device)).to(q.dtype)
 
 # %% ../nbs/70_hf.ipynb #78d99462
 class HQKVLayer(CacheLayerMixin):

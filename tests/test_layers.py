@@ -21,7 +21,7 @@ LAYERS = [  # lowest first; a module may import any module of a lower layer
     ["allocator"],                      # the pool's bookkeeping: pages, reservations, prefix index (no tensors)
     ["pool"],                           # pages in bytes
     ["backends", "scheduler"],          # attention backends behind one protocol; admission
-    ["pagedkv"],                        # the per-step KV manager
+    ["pagedkv", "seqkv"],               # the per-step KV manager; one sequence's coded K/V in one layer (hf's rows)
     ["hf", "model_runner"],             # transformers' cache and attention hooks
     ["variants"],                       # what a quality run changes, and the paged K/V it gives a sequence
     ["quality"],                        # KLD, needles, tables (re-exports texts and variants)
