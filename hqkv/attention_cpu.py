@@ -260,7 +260,8 @@ class DecodePlan:
         self.threads = torch.get_num_threads() if threads is None else threads
         self.chunk, self.items = _split(self.lens, P, self.threads, chunk)
         self.spans = _spans(self.lens, window, slots)
-        self._args, self._work = {}, {}   # per padded group size: the shared kernel fields, the work buffer
+        # per padded group size: the shared kernel fields, the work buffer, a query buffer (padding rows zero)
+        self._args, self._work, self._qpad = {}, {}, {}
     def __repr__(self):
         return f"DecodePlan(B={self.B}, tokens={sum(self.lens)}, chunk={self.chunk}, threads={self.threads})"
 
@@ -297,16 +298,27 @@ def run(self:DecodePlan, q:Tensor, # float [B, Hq, D], original domain
     G = self._check_layer(q, k_pages, v_pages, codec, window)
     kc, vc = _pair(codec)
     B, H, D = self.B, self.shape[2], self.D
-    Gp, scale = _padded_group(G), 1 / math.sqrt(D) if scale is None else float(scale)
+    scale = 1 / math.sqrt(D) if scale is None else float(scale)
+    qr = (kc.rotate(q.float()) * scale).reshape(B, H, G, D)          # rotate the query once (into the keys' domain)
+    out, lse = self.run_coded(qr, k_pages, v_pages, kc, vc, window)
+    o = vc.unrotate(out.reshape(B, H * G, D)).to(q.dtype)             # rotate the output back once
+    return (o, lse.reshape(B, H * G)) if return_lse else o
+
+@patch
+def run_coded(self:DecodePlan, qr:Tensor, # float32 [B, H, G, D]: queries in the keys' domain, scaled
+              k_pages:Tensor, v_pages:Tensor, kc:Codec, vc:Codec, window:ExactWindow|None=None,
+             ) -> tuple[Tensor, Tensor]: # out [B, H, G, D] in the values' domain, lse [B, H, G]
+    "The kernel call alone, unchecked: for a caller whose pages and window are the plan's (`run` checks them)."
+    B, H, G, D = qr.shape
+    Gp = _padded_group(G)
     if Gp not in self._args:
         self._args[Gp] = _args(B, H, Gp, D, self.shape[1], self.spans, *self.table, self.window_sr or (0, 0),
                                self.threads, self.chunk)
         self._work[Gp] = torch.empty(self.items * H * Gp * (D + 2))   # every byte is written before it is read
-    qr = (kc.rotate(q.float()) * scale).reshape(B, H, G, D)          # rotate the query once (into the keys' domain)
-    if Gp != G: qr = torch.cat([qr, qr.new_zeros(B, H, Gp - G, D)], 2)
+        self._qpad[Gp] = torch.zeros(B, H, Gp, D)
+    if Gp != G: self._qpad[Gp][:, :, :G] = qr; qr = self._qpad[Gp]  # the kernels run Gp heads; the rest read zeros
     out, lse = _call(self._args[Gp], qr.contiguous(), k_pages, v_pages, kc, vc, window, self._work[Gp])
-    o = vc.unrotate(out[:, :, :G].reshape(B, H * G, D)).to(q.dtype)   # rotate the output back once
-    return (o, lse[:, :, :G].reshape(B, H * G)) if return_lse else o
+    return out[:, :, :G], lse[:, :, :G]
 
 # %% ../nbs/34_attention.cpu.ipynb #83854038
 def paged_decode_cpu(q:Tensor, # float [B, Hq, D], original domain; Hq a multiple of kv_heads

@@ -20,8 +20,8 @@ from .window import window_put, window_into, decode_span, decode_reads
 
 # %% auto #0
 __all__ = ['ATTN_BACKENDS', 'StepPlan', 'AttnBackend', 'encode_store', 'gqa_attention', 'GatherDecode', 'GatherPlan',
-           'gqa_padded', 'GatherAttn', 'page_rows_decoded', 'PagedPlan', 'PagedAttn', 'triton_kernels_read',
-           'get_backend', 'cpu_kernels_read', 'default_backend']
+           'gqa_padded', 'GatherAttn', 'page_rows_decoded', 'PagedPlan', 'PagedAttn', 'LayerMaps', 'layer_maps',
+           'triton_kernels_read', 'get_backend', 'cpu_kernels_read', 'default_backend']
 
 # %% ../nbs/36_backends.ipynb #e9dde35e
 @dataclass(slots=True, eq=False)
@@ -60,7 +60,9 @@ class AttnBackend(Protocol):
     # whether decode rows may wait in the window for their page (a CPU codec call per row costs more than the attention)
     defers_codes: bool
     def check(self, pool:KVPool): ...  # refuse a pool it cannot read (ValueError naming why)
-    def plan(self, kv, step:StepPlan) -> object: ...  # index tensors every layer of the step reuses (kv: the `PagedKV`)
+    # index tensors every layer of the step reuses (kv: the `PagedKV`); a plan whose `folded` is true takes the
+    # model's q/k as they are: the backend applies the key profile itself (`LayerMaps`)
+    def plan(self, kv, step:StepPlan) -> object: ...
     def store(self, kv, li:int, k:Tensor, v:Tensor, slots:Tensor): ...  # code rows into pool layer li
     def attend(self, kv, step:StepPlan, li:int, q:Tensor, k:Tensor, v:Tensor, scale:float,
                softcap:float|None) -> Tensor:
@@ -274,6 +276,7 @@ class PagedPlan:
     pre_max: int = 0               # the longest chunk
     # the backend's per-step decode plan (made at the first layer; the CPU kernels' `DecodePlan`)
     dec_call: object = None
+    folded: bool = False           # decode rows only, nothing to code now: raw q/k, `LayerMaps` map them (`PagedKV.attend`)
 
 
 # %% ../nbs/36_backends.ipynb #9623f1d3
@@ -310,6 +313,7 @@ class PagedAttn:
             p.pre_qo, p.pre_prefix = i32(qo), i32([step.pos0[i] for i in pre])
             p.pre_lanes = i32([step.lanes[i] for i in pre])
             p.pre_max = max(step.lens[i] for i in pre)
+        p.folded = bool(dec) and not pre and step.write_rows is None and self._plan_decode is not None
         return p
     def store(self, kv, li, k, v, slots):
         if self._store is None: return encode_store(kv, li, k, v, slots)
@@ -325,6 +329,7 @@ def attend(self:PagedAttn, kv, step, li, q, k, v, scale, softcap=None):
         raise ValueError(f"the {self.name} attention backend has no logit soft-capping (softcap={softcap}); "
                          "use attn='gather'")
     p, w = step.attn, (kv.windows[li] if kv.windows is not None else None)
+    if p.folded: return self._folded_decode(kv, step, li, q, k, v, scale)
     kp, vp, kc, vc = kv.pool.k(li), kv.pool.v(li), kv.k_codecs[li], kv.v_codecs[li]
     c = kc if kc is vc else (kc, vc)                 # keys in another format than values: a (key, value) pair
     kr, vr = (kc.rotate(k.float()), vc.rotate(v.float())) if w is not None else (None, None)
@@ -346,6 +351,65 @@ def attend(self:PagedAttn, kv, step, li, q, k, v, scale, softcap=None):
                              window=w, window_slots=p.pre_lanes if w is not None else None, **extra).to(o.dtype)
         _window_append(kv, step, li, p.pre, kr, vr)  # the window holds just the prefix while the chunk attends
     return o
+
+# %% ../nbs/36_backends.ipynb #f599a864
+@dataclass(slots=True)
+class LayerMaps:
+    "One pool layer's fixed maps folded into matrices: key profile, the codecs' rotations and the softmax scale."
+    # a map is x @ m (m [D, D], or [H, D, D] per KV head); None: the identity
+    q: Tensor|None    # queries [.., H, G, D] -> the keys' domain, times sigma and the scale (None: times the scale)
+    k: Tensor|None    # new keys -> the window's domain: k @ k_map + k_bias ...
+    k_bias: Tensor|None   # ... [H, D] (the profile's mean)
+    v: Tensor|None    # new values -> the values' domain
+    o: Tensor|None    # outputs from the values' domain back
+    scale: float
+    def query(self, q:Tensor) -> Tensor: # [.., H, G, D] float32
+        return q.float() * self.scale if self.q is None else torch.matmul(q.float(), self.q)
+    def keys(self, k:Tensor) -> Tensor: # [.., H, D] float32
+        if self.k is None: return k.float()
+        if self.k.ndim == 2: return k.float() @ self.k
+        return torch.matmul(k.float().unsqueeze(-2), self.k).squeeze(-2) + self.k_bias
+    def values(self, v:Tensor) -> Tensor: return v.float() if self.v is None else v.float() @ self.v
+    def output(self, o:Tensor) -> Tensor: return o if self.o is None else torch.matmul(o, self.o)
+
+def _linear_map(f, D:int, dev) -> Tensor|None:
+    "M with f(x) = x @ M for a linear f on D-vectors (a codec's rotation), or None when f is the identity."
+    eye = torch.eye(D, device=dev)
+    m = f(eye)
+    return None if torch.equal(m, eye) else m
+
+# %% ../nbs/36_backends.ipynb #bde0220e
+def layer_maps(kv, # a `PagedKV`: its codecs and key profile (the maps are kept in `kv.maps`)
+               li:int, scale:float) -> LayerMaps:
+    "Pool layer `li`'s folded maps (made once per layer and scale)."
+    m = kv.maps.get((li, scale))
+    if m is not None: return m
+    kc, vc, prof = kv.k_codecs[li], kv.v_codecs[li], kv.key_profile
+    D, dev = kc.head_dim, kv.pool.device
+    R, Rv, Ro = (_linear_map(f, D, dev) for f in (kc.rotate, vc.rotate, vc.unrotate))
+    if prof is None: q, k, b = (None if R is None else R * scale), R, None
+    else:                                             # sigma, mu: [H, D]; (q * sigma) R, (k - mu) / sigma R
+        s, mu = prof.sigma[li].to(dev), prof.mu[li].to(dev)
+        R = torch.eye(D, device=dev) if R is None else R
+        q, k = s[:, :, None] * R * scale, R / s[:, :, None]
+        b = -torch.matmul((mu / s)[:, None, :], R).squeeze(1)
+    m = kv.maps[li, scale] = LayerMaps(q, k, b, Rv, Ro, float(scale))
+    return m
+
+# %% ../nbs/36_backends.ipynb #28ce2e2e
+@patch
+def _folded_decode(self:PagedAttn, kv, step, li:int, q:Tensor, k:Tensor, v:Tensor, scale:float) -> Tensor:
+    "A decode-only step's layer from the model's q/k/v as they are (no key profile applied): `LayerMaps` map them."
+    p, w, m = step.attn, (kv.windows[li] if kv.windows is not None else None), layer_maps(kv, li, scale)
+    kp, vp, kc, vc = kv.pool.k(li), kv.pool.v(li), kv.k_codecs[li], kv.v_codecs[li]
+    B, Hq, D = q.shape; H = kp.shape[2]
+    if w is not None: _window_append(kv, step, li, p.dec, m.keys(k), m.values(v))   # before it attends, as above
+    if p.dec_call is None:
+        t = p.dec_table
+        p.dec_call = self._plan_decode(kp, vp, t.indptr, t.indices, t.last_page_len, kc if kc is vc else (kc, vc), w,
+                                       p.dec_lanes if w is not None else None)
+    out, _ = p.dec_call.run_coded(m.query(q.view(B, H, Hq // H, D)), kp, vp, kc, vc, w)
+    return m.output(out).reshape(B, Hq, D)
 
 # %% ../nbs/36_backends.ipynb #9bd30b70
 def _triton_backend() -> PagedAttn:

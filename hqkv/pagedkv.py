@@ -62,6 +62,7 @@ class PagedKV:
         # ... and its values' (one and the same in a one-format pool)
         self.v_codecs = tuple(pool.v_codec(i) for i in range(g.attn_layers))
         self.layers, self.layer_index = layers, {l: i for i, l in enumerate(layers)}
+        self.maps = {}   # (pool layer, scale) -> `LayerMaps`: the profile and rotations folded (the backends' decode)
         self.sinks, self.recent = window_sinks, window_recent
         self.decode_reads = decode_reads
         self.defer = bool(defer_codes) and window_recent >= pool.page_tokens and backend.defers_codes
@@ -267,7 +268,8 @@ def attend(self:PagedKV, li:int, # pool layer (0 .. attn_layers-1; `layer_index`
     if softcap is not None and not self.backend.softcap:
         raise ValueError(f"the {self.attn} attention backend has no logit soft-capping (softcap={softcap}); "
                          "use attn='gather'")
-    if self.key_profile is not None:   # scores change by q . mu, a constant per query: softmax does not see it
+    # scores change by q . mu, a constant per query: softmax does not see it (a folded plan's backend applies it)
+    if self.key_profile is not None and not getattr(st.attn, "folded", False):
         q, k = self.key_profile.apply_query(li, q).to(q.dtype), self.key_profile.apply_keys(li, k).to(k.dtype)
     if st.flush: self._flush(li, st)
     if st.write_rows is not None: self.backend.store(self, li, k[st.write_rows], v[st.write_rows], st.write_slots)
