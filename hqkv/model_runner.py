@@ -14,18 +14,21 @@ from .models.identity import text_config
 from .models.load import LoadedLM, head_dim_of
 
 # %% auto #0
-__all__ = ['STEP_ATTN', 'LAYER_KINDS', 'running', 'SlidingRings', 'LinearStates', 'LaneCache', 'LaneStateLayer', 'step_attention',
-           'register_step_attention', 'layer_types', 'ModelRunner', 'runner_greedy']
+__all__ = ['STEP_ATTN', 'RUN_KWARG', 'LAYER_KINDS', 'running', 'SlidingRings', 'LinearStates', 'LaneCache', 'LaneStateLayer',
+           'step_attention', 'register_step_attention', 'layer_types', 'ModelRunner', 'runner_greedy']
 
 # %% ../nbs/40b_model_runner.ipynb #31178819
 STEP_ATTN = "hqkv_step"   # the attention implementation the runner sets on its model
-_RUN = None               # the ModelRunner whose forward is running
+RUN_KWARG = "hqkv_run"    # the model-forward keyword carrying the running ModelRunner down to its layers
 
-def running(): # -> the running `ModelRunner`
-    "The `ModelRunner` whose step is running (the attention function and the state layers read it)."
-    if _RUN is None:
-        raise RuntimeError(f"the {STEP_ATTN!r} attention ran outside a ModelRunner step (call ModelRunner.forward)")
-    return _RUN
+def running(kwargs:dict): # -> the `ModelRunner` whose step this forward is
+    "The `ModelRunner` a forward's keywords carry (`RUN_KWARG`; the attention function and the state layers read it)."
+    run = kwargs.get(RUN_KWARG)
+    if run is None:
+        raise RuntimeError(f"the {STEP_ATTN!r} attention ran outside a ModelRunner step: the model was called without "
+                           f"{RUN_KWARG}= (call ModelRunner.forward)")
+    if run.step is None: raise RuntimeError(f"{RUN_KWARG}= names {run!r}, which is not running a step")
+    return run
 
 # %% ../nbs/40b_model_runner.ipynb #c9a0e141
 class SlidingRings:
@@ -150,18 +153,19 @@ class LaneCache:
 # %% ../nbs/40b_model_runner.ipynb #c6994340
 class LaneStateLayer(nn.Module):
     "Wraps a linear-attention module: the packed step split per sequence (decodes as one batch), each with its state."
-    def __init__(self, inner:nn.Module, layer_idx:int, states:LinearStates):
+    def __init__(self, inner:nn.Module, layer_idx:int):
         super().__init__()
-        self.inner, self.layer_idx, self.states = inner, layer_idx, states
+        self.inner, self.layer_idx = inner, layer_idx
     def forward(self, hidden_states:Tensor, cache=None, attention_mask=None, **kwargs) -> Tensor:
-        step = running().step
+        run = running(kwargs)                               # the step and the lane states: the runner's
+        step, states = run.step, run.linear
         x, out = hidden_states[0], torch.empty_like(hidden_states[0])
-        dec = [i for i in step.decoding if self.layer_idx in self.states.conv]
+        dec = [i for i in step.decoding if self.layer_idx in states.conv]
         rest = [i for i in range(len(step)) if i not in set(dec)]
         for g in ([dec] if dec else []) + [[i] for i in rest]:
             one = g is not dec
             rows = torch.arange(step.cu[g[0]], step.cu[g[0] + 1]) if one else torch.tensor([step.cu[i] for i in g])
-            c = LaneCache(self.states, torch.tensor([step.lanes[i] for i in g], device=x.device),
+            c = LaneCache(states, torch.tensor([step.lanes[i] for i in g], device=x.device),
                           fresh=one and step.pos0[g[0]] == 0)
             # [1, n, H] or [B, 1, H]
             o = self.inner(x[rows].unsqueeze(0) if one else x[rows].unsqueeze(1), cache=c, attention_mask=None)
@@ -174,7 +178,7 @@ def step_attention(module, query:Tensor, key:Tensor, value:Tensor, attention_mas
                    scaling:float|None=None,
                    sliding_window:int|None=None, softcap:float|None=None, **kwargs) -> tuple[Tensor, None]:
     "transformers attention function of a `ModelRunner` step: [1, heads, rows, D] packed rows in, [1, rows, Hq, D] out."
-    run = running()
+    run = running(kwargs)
     if dropout: raise ValueError(f"hqkv attention is for inference: dropout must be 0, got {dropout}")
     for name in ("s_aux", "position_bias"):
         if kwargs.get(name) is not None:
@@ -228,8 +232,7 @@ class ModelRunner:
             m = getattr(blocks[i], "linear_attn", None)
             if m is None:
                 raise ValueError(f"{lm.name}: linear-attention layer {i} has no `linear_attn` module for hqkv to wrap")
-            if not isinstance(m, LaneStateLayer): blocks[i].linear_attn = LaneStateLayer(m, i, self.linear)
-            else: m.states = self.linear
+            if not isinstance(m, LaneStateLayer): blocks[i].linear_attn = LaneStateLayer(m, i)
         register_step_attention()
         model.set_attn_implementation(STEP_ATTN)
 
@@ -265,8 +268,7 @@ def forward(self:ModelRunner, seq_ids, # the step's sequences (admitted in the r
             ids, # each chunk's token ids
            ) -> Tensor: # float32 [len(seq_ids), vocab]: each chunk's next-token logits
     "One step: plan it in the pool, run the model once over the packed chunks, close it."
-    global _RUN
-    if _RUN is not None: raise RuntimeError("a ModelRunner step is already running")
+    if self.step is not None: raise RuntimeError("a ModelRunner step is already running")
     paged = self.paged
     for s in (self.rings, self.linear):
         if s is not None: s.grow(paged.capacity)
@@ -277,14 +279,14 @@ def forward(self:ModelRunner, seq_ids, # the step's sequences (admitted in the r
                       n in zip(step.seq_ids, step.lanes, step.pos0, step.lens)}
         dev = paged.pool.device
         tokens = torch.cat([torch.as_tensor(t, dtype=torch.int64).reshape(-1) for t in ids]).to(dev)
-        _RUN, self.step = self, step
-        with torch.no_grad():
+        self.step = step
+        with torch.no_grad():                    # the runner rides down to the layers as a forward keyword
             out = self.model(input_ids=tokens[None], position_ids=step.positions[None].to(dev), use_cache=False,
-                             logits_to_keep=step.last_rows.to(dev))
+                             logits_to_keep=step.last_rows.to(dev), **{RUN_KWARG: self})
         paged.end()
     except BaseException:                        # every sequence of the step as before it: the step can run again
         self.undo(list(self.saved)); paged.abort(); raise
-    finally: _RUN, self.step = None, None
+    finally: self.step = None
     return out.logits[0].float()
 
 # %% ../nbs/40b_model_runner.ipynb #97a4d06a
