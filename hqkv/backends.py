@@ -277,6 +277,8 @@ class PagedPlan:
     # the backend's per-step decode plan (made at the first layer; the CPU kernels' `DecodePlan`)
     dec_call: object = None
     folded: bool = False           # decode rows only, nothing to code now: raw q/k, `LayerMaps` map them (`PagedKV.attend`)
+    # folded, every token past the sinks: int64 (lanes, ring rows, lengths after): one indexed write per layer for all
+    ring: tuple|None = None
 
 
 # %% ../nbs/36_backends.ipynb #9623f1d3
@@ -314,6 +316,10 @@ class PagedAttn:
             p.pre_lanes = i32([step.lanes[i] for i in pre])
             p.pre_max = max(step.lens[i] for i in pre)
         p.folded = bool(dec) and not pre and step.write_rows is None and self._plan_decode is not None
+        if p.folded and kv.windows is not None and kv.recent and all(step.pos0[i] >= kv.sinks for i in dec):
+            i64 = lambda x: torch.tensor(x, dtype=torch.int64, device=dev)
+            p.ring = (i64([step.lanes[i] for i in dec]), i64([step.pos0[i] % kv.recent for i in dec]),
+                      i64([step.pos0[i] + 1 for i in dec]))
         return p
     def store(self, kv, li, k, v, slots):
         if self._store is None: return encode_store(kv, li, k, v, slots)
@@ -403,7 +409,11 @@ def _folded_decode(self:PagedAttn, kv, step, li:int, q:Tensor, k:Tensor, v:Tenso
     p, w, m = step.attn, (kv.windows[li] if kv.windows is not None else None), layer_maps(kv, li, scale)
     kp, vp, kc, vc = kv.pool.k(li), kv.pool.v(li), kv.k_codecs[li], kv.v_codecs[li]
     B, Hq, D = q.shape; H = kp.shape[2]
-    if w is not None: _window_append(kv, step, li, p.dec, m.keys(k), m.values(v))   # before it attends, as above
+    if w is not None and p.ring is not None:          # the token is in the window before it attends, as above
+        lanes, rows, lens = p.ring
+        dt = w.k_recent.dtype
+        w.k_recent[lanes, rows], w.v_recent[lanes, rows], w.lens[lanes] = m.keys(k).to(dt), m.values(v).to(dt), lens
+    elif w is not None: _window_append(kv, step, li, p.dec, m.keys(k), m.values(v))
     if p.dec_call is None:
         t = p.dec_table
         p.dec_call = self._plan_decode(kp, vp, t.indptr, t.indices, t.last_page_len, kc if kc is vc else (kc, vc), w,
