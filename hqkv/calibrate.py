@@ -92,24 +92,37 @@ class _KeyRecorder:
         first = max(0, self.skip - self.pos)
         self.q_sq[i] += q[0, :, first:].to(torch.float64).pow(2).sum(1).cpu()
 
-_RECORDER = [None]   # the recorder of the run in progress (calibration is one run at a time)
+# the run's recorder rides with the forward as a keyword: transformers hands a forward's extra keywords to the
+# attention function of every layer (`attention_interface(self, q, k, v, mask, **kwargs)`)
+_REC_KWARG = "hqkv_recorder"
+
+def _recorder(kwargs:dict, name:str):
+    "The recorder in a forward's keywords, taken out of them (SDPA gets the rest); missing: refused by name."
+    rec = kwargs.pop(_REC_KWARG, None)
+    if rec is None: raise RuntimeError(f"the {name!r} attention ran without {_REC_KWARG}= (the model was called "
+                                       "outside the run that set it)")
+    return rec
 
 def _capture_attention(module, query, key, value, attention_mask, **kwargs):
     "transformers attention function: record, then SDPA."
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    if _RECORDER[0] is not None: _RECORDER[0].record(module.layer_idx, query, key)
+    _recorder(kwargs, CAPTURE_ATTN).record(module.layer_idx, query, key)
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 @contextlib.contextmanager
-def _attention_as(model, name:str, fn, slot:list, rec):
-    "Run `model` with attention function `fn` registered as `name` (SDPA's mask) and `rec` in `slot`; restored after."
+def _attention_as(model, name:str, fn,
+                  slot:list|None=None, rec=None): # `rec` in `slot` meanwhile, for a function not given `_REC_KWARG`
+    "Run `model` with attention function `fn` registered as `name` (SDPA's mask); restored after."
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
     AttentionInterface.register(name, fn); AttentionMaskInterface.register(name, sdpa_mask)
     before = model.config._attn_implementation
-    model.set_attn_implementation(name); slot[0] = rec
+    model.set_attn_implementation(name)
+    if slot is not None: slot[0] = rec
     try: yield rec
-    finally: slot[0] = None; model.set_attn_implementation(before)
+    finally:
+        if slot is not None: slot[0] = None
+        model.set_attn_implementation(before)
 
 # %% ../nbs/15_calibrate.ipynb #2f5ded5f
 def calibrate_hf(model, # a transformers causal LM (`LoadedLM.model`, or one you loaded)
@@ -136,11 +149,12 @@ def calibrate_hf(model, # a transformers causal LM (`LoadedLM.model`, or one you
     N = ids.numel()
     rec = _KeyRecorder(g.attn_ids, N, g.kv_heads, c.num_attention_heads, g.head_dim, skip)
     t0, show = time.perf_counter(), (N > 4 * chunk) if progress is None else progress
-    with _attention_as(model, CAPTURE_ATTN, _capture_attention, _RECORDER, rec):
+    with _attention_as(model, CAPTURE_ATTN, _capture_attention):
         cache, dev = DynamicCache(config=model.config), next(model.parameters()).device
         with torch.inference_mode():
             for a in range(0, N, chunk):
-                model(input_ids=ids[None, a:a + chunk].to(dev), past_key_values=cache, use_cache=True, logits_to_keep=1)
+                model(input_ids=ids[None, a:a + chunk].to(dev), past_key_values=cache, use_cache=True, logits_to_keep=1,
+                      **{_REC_KWARG: rec})
                 rec.pos = min(N, a + chunk)
                 if show:
                     print(f"calibrate {identity.name}: {rec.pos:,}/{N:,} tokens, {time.perf_counter() - t0:.0f} s",
@@ -189,14 +203,12 @@ class _GradRecorder:
     "Each chosen layer's q, k, v (float32, batch 0) and the zero tensor added to its output (for its gradient)."
     def __init__(self, layers): self.layers, self.qkv, self.delta = set(layers), {}, {}
 
-_GRADS = [None]   # the recorder of the run in progress
-
 def _proxy_attention(module, query, key, value, attention_mask, **kwargs):
     "transformers attention function: SDPA, its inputs recorded and a zero leaf added to its output."
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    r = _recorder(kwargs, PROXY_ATTN)                     # the `_GradRecorder`, a forward keyword
     out, w = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    r = _GRADS[0]
-    if r is not None and module.layer_idx in r.layers:
+    if module.layer_idx in r.layers:
         scale = kwargs.get("scaling") or module.scaling
         r.qkv[module.layer_idx] = (*(x.detach()[0].float() for x in (query, key, value)), scale)
         r.delta[module.layer_idx] = d = torch.zeros_like(out, requires_grad=True)
@@ -216,7 +228,7 @@ def attention_grads(model, # a transformers causal LM
     try:
         for p in params: p.requires_grad_(False)                        # gradients at the outputs only
         rec = _GradRecorder(layers)
-        with _attention_as(model, PROXY_ATTN, _proxy_attention, _GRADS, rec), torch.enable_grad():
+        with _attention_as(model, PROXY_ATTN, _proxy_attention), torch.enable_grad():
             return rec.qkv, _sampled_grads(model, ids, rec, list(layers), score_last, samples, seed)
     finally:
         for p in params: p.requires_grad_(True)
@@ -224,8 +236,8 @@ def attention_grads(model, # a transformers causal LM
 # %% ../nbs/15_calibrate.ipynb #73d80a35
 def _sampled_grads(model, ids, rec, layers, n, samples, seed) -> dict:
     dev = next(model.parameters()).device
-    lp = torch.log_softmax(model(input_ids=torch.as_tensor(ids)[None].to(dev), use_cache=False,
-                                 logits_to_keep=n).logits[0].float(), -1)
+    lp = torch.log_softmax(model(input_ids=torch.as_tensor(ids)[None].to(dev), use_cache=False, logits_to_keep=n,
+                                 **{_REC_KWARG: rec}).logits[0].float(), -1)
     missing = [l for l in layers if l not in rec.delta]
     if missing: raise ValueError(f"attention_grads: layers {missing} did not run the recording attention")
     gen, grads = torch.Generator().manual_seed(seed), {l: [] for l in layers}
