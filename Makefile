@@ -10,6 +10,10 @@ export PYTHONHASHSEED := 0
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
+# nbdev-test's 2 workers each get half the cores for torch: with one thread per core each, 2x as many OpenMP threads
+# as cores spin at every barrier (13_codec.e8 with another notebook: 59 s -> 13 s on 2 cores); a caller's value is kept.
+# pytest -n 2 does the same in tests/conftest.py.
+NB_THREADS := $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n / 2 > 0 ? n / 2 : 1 )))
 
 .PHONY: install demo test nbtest pytest check-clean docs readme docs-test screenshot chromium bench bench-context bench-engine bench-weights bench-plan bench-serve bench-texts gpu-check kernel-check kernel-check-ci vllm-check clean
 
@@ -32,7 +36,7 @@ check-clean: $(STAMP)
 	bash .ci/check-clean $(BIN)
 
 nbtest: $(STAMP)
-	$(BIN)/nbdev-test --n-workers 2 --timing
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(NB_THREADS)} $(BIN)/nbdev-test --n-workers 2 --timing
 
 pytest: $(STAMP)
 	$(BIN)/pytest -q -n 2 --dist loadfile --durations=15
@@ -59,7 +63,7 @@ docs-test: $(STAMP) chromium
 ## its summary line is last)
 test: $(STAMP) chromium
 	bash .ci/check-clean $(BIN)
-	$(BIN)/nbdev-test --n-workers 2 --timing
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(NB_THREADS)} $(BIN)/nbdev-test --n-workers 2 --timing
 	$(BIN)/pytest -q -n 2 --dist loadfile --durations=15
 
 ## bench-texts: the full evaluation texts (Debian's bible-kjv and python3.11-doc; the tests use shipped excerpts)
