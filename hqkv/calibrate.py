@@ -110,19 +110,15 @@ def _capture_attention(module, query, key, value, attention_mask, **kwargs):
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 @contextlib.contextmanager
-def _attention_as(model, name:str, fn,
-                  slot:list|None=None, rec=None): # `rec` in `slot` meanwhile, for a function not given `_REC_KWARG`
+def _attention_as(model, name:str, fn):
     "Run `model` with attention function `fn` registered as `name` (SDPA's mask); restored after."
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
     AttentionInterface.register(name, fn); AttentionMaskInterface.register(name, sdpa_mask)
     before = model.config._attn_implementation
     model.set_attn_implementation(name)
-    if slot is not None: slot[0] = rec
-    try: yield rec
-    finally:
-        if slot is not None: slot[0] = None
-        model.set_attn_implementation(before)
+    try: yield
+    finally: model.set_attn_implementation(before)
 
 # %% ../nbs/15_calibrate.ipynb #2f5ded5f
 def calibrate_hf(model, # a transformers causal LM (`LoadedLM.model`, or one you loaded)

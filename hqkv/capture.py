@@ -11,20 +11,19 @@ from pathlib import Path
 import torch
 from .models.identity import DEFAULT_MODEL
 from .fixtures import FIXTURE_PATH, KVSample, load_text
-from .calibrate import _attention_as
+from .calibrate import _attention_as, _recorder, _REC_KWARG
 
 # %% auto #0
 __all__ = ['QKV_ATTN', 'capture_kv', 'make_fixture', 'main']
 
 # %% ../nbs/15a_capture.ipynb #b50005fb
 QKV_ATTN = "hqkv_qkv"   # the attention implementation `capture_kv` runs the model with
-_QKV = [None]           # {layer: [(q, k, v, scale) per chunk]} of the capture in progress
 
 def _qkv_attention(module, query, key, value, attention_mask, **kwargs):
     "transformers attention function: record the chunk's q, k, v of the chosen layers (float32), then SDPA."
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    rec = _QKV[0]
-    if rec is not None and module.layer_idx in rec:
+    rec = _recorder(kwargs, QKV_ATTN)       # {layer: [(q, k, v, scale) per chunk]}: the forward's `_REC_KWARG`
+    if module.layer_idx in rec:
         T = query.shape[2]                  # [1, Hq, T, D]; key, value [1, Hkv, S, D]: the chunk's are the last T
         rec[module.layer_idx].append(tuple(x[0, :, -T:].transpose(0, 1).float().cpu() for x in (query, key, value))
                                      + (kwargs.get("scaling") or module.scaling,))
@@ -50,10 +49,11 @@ def capture_kv(model, # a transformers causal LM (`LoadedLM.model`)
     ids = torch.as_tensor(token_ids).reshape(-1).to(torch.int64)
     if ids.numel() == 0: raise ValueError("capture_kv needs at least one token")
     rec, dev = {l: [] for l in layers}, next(model.parameters()).device
-    with _attention_as(model, QKV_ATTN, _qkv_attention, _QKV, rec), torch.inference_mode():
+    with _attention_as(model, QKV_ATTN, _qkv_attention), torch.inference_mode():
         cache = DynamicCache(config=model.config)
         for a in range(0, len(ids), chunk):
-            model(input_ids=ids[None, a:a + chunk].to(dev), past_key_values=cache, use_cache=True, logits_to_keep=1)
+            model(input_ids=ids[None, a:a + chunk].to(dev), past_key_values=cache, use_cache=True, logits_to_keep=1,
+                  **{_REC_KWARG: rec})
     cat = lambda j: torch.stack([torch.cat([c[j] for c in rec[l]]) for l in layers])
     return KVSample(cat(0), cat(1), cat(2), torch.arange(len(ids)), ids, layers, float(rec[layers[0]][0][3]))
 
