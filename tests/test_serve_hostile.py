@@ -147,6 +147,10 @@ def test_sigterm_drains_then_exits_0(tiny, grace):
     try:
         ts = _in_flight(base, out)
         assert out["started"].wait(60)
+        for _ in range(600):       # the plain request admitted too (or answered): one that arrives after the signal is refused
+            m = metrics(base)
+            if "plain" in out or m["hqkv_engine_running"] + m["hqkv_engine_waiting"] >= 2: break
+            time.sleep(0.05)
         p.send_signal(signal.SIGTERM)
         for t in ts: t.join(120)
         assert p.wait(60) == 0
