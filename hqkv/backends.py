@@ -16,12 +16,13 @@ from fastcore.basics import patch
 from .attention import paged_decode, paged_prefill
 from .pool import KVPool, PageTable
 from .window import window_put, window_into, decode_span, decode_reads
+from .layer_maps import layer_maps
 
 
 # %% auto #0
 __all__ = ['ATTN_BACKENDS', 'StepPlan', 'AttnBackend', 'encode_store', 'gqa_attention', 'GatherDecode', 'GatherPlan',
-           'gqa_padded', 'GatherAttn', 'page_rows_decoded', 'PagedPlan', 'PagedAttn', 'LayerMaps', 'layer_maps',
-           'triton_kernels_read', 'get_backend', 'cpu_kernels_read', 'default_backend']
+           'gqa_padded', 'GatherAttn', 'page_rows_decoded', 'PagedPlan', 'PagedAttn', 'triton_kernels_read',
+           'get_backend', 'cpu_kernels_read', 'default_backend']
 
 # %% ../nbs/36_backends.ipynb #e9dde35e
 @dataclass(slots=True, eq=False)
@@ -60,8 +61,7 @@ class AttnBackend(Protocol):
     # whether decode rows may wait in the window for their page (a CPU codec call per row costs more than the attention)
     defers_codes: bool
     def check(self, pool:KVPool): ...  # refuse a pool it cannot read (ValueError naming why)
-    # index tensors every layer of the step reuses (kv: the `PagedKV`); a plan whose `folded` is true takes the
-    # model's q/k as they are: the backend applies the key profile itself (`LayerMaps`)
+    # what every layer of the step reuses (kv: the `PagedKV`); a `folded` plan takes raw q/k (`hqkv.layer_maps`)
     def plan(self, kv, step:StepPlan) -> object: ...
     def store(self, kv, li:int, k:Tensor, v:Tensor, slots:Tensor): ...  # code rows into pool layer li
     def attend(self, kv, step:StepPlan, li:int, q:Tensor, k:Tensor, v:Tensor, scale:float,
@@ -317,9 +317,8 @@ class PagedAttn:
             p.pre_max = max(step.lens[i] for i in pre)
         p.folded = bool(dec) and not pre and step.write_rows is None and self._plan_decode is not None
         if p.folded and kv.windows is not None and kv.recent and all(step.pos0[i] >= kv.sinks for i in dec):
-            i64 = lambda x: torch.tensor(x, dtype=torch.int64, device=dev)
-            p.ring = (i64([step.lanes[i] for i in dec]), i64([step.pos0[i] % kv.recent for i in dec]),
-                      i64([step.pos0[i] + 1 for i in dec]))
+            r = [(step.lanes[i], step.pos0[i] % kv.recent, step.pos0[i] + 1) for i in dec]
+            p.ring = tuple(torch.tensor(c, dtype=torch.int64, device=dev) for c in zip(*r))
         return p
     def store(self, kv, li, k, v, slots):
         if self._store is None: return encode_store(kv, li, k, v, slots)
@@ -358,51 +357,6 @@ def attend(self:PagedAttn, kv, step, li, q, k, v, scale, softcap=None):
         _window_append(kv, step, li, p.pre, kr, vr)  # the window holds just the prefix while the chunk attends
     return o
 
-# %% ../nbs/36_backends.ipynb #f599a864
-@dataclass(slots=True)
-class LayerMaps:
-    "One pool layer's fixed maps folded into matrices: key profile, the codecs' rotations and the softmax scale."
-    # a map is x @ m (m [D, D], or [H, D, D] per KV head); None: the identity
-    q: Tensor|None    # queries [.., H, G, D] -> the keys' domain, times sigma and the scale (None: times the scale)
-    k: Tensor|None    # new keys -> the window's domain: k @ k_map + k_bias ...
-    k_bias: Tensor|None   # ... [H, D] (the profile's mean)
-    v: Tensor|None    # new values -> the values' domain
-    o: Tensor|None    # outputs from the values' domain back
-    scale: float
-    def query(self, q:Tensor) -> Tensor: # [.., H, G, D] float32
-        return q.float() * self.scale if self.q is None else torch.matmul(q.float(), self.q)
-    def keys(self, k:Tensor) -> Tensor: # [.., H, D] float32
-        if self.k is None: return k.float()
-        if self.k.ndim == 2: return k.float() @ self.k
-        return torch.matmul(k.float().unsqueeze(-2), self.k).squeeze(-2) + self.k_bias
-    def values(self, v:Tensor) -> Tensor: return v.float() if self.v is None else v.float() @ self.v
-    def output(self, o:Tensor) -> Tensor: return o if self.o is None else torch.matmul(o, self.o)
-
-def _linear_map(f, D:int, dev) -> Tensor|None:
-    "M with f(x) = x @ M for a linear f on D-vectors (a codec's rotation), or None when f is the identity."
-    eye = torch.eye(D, device=dev)
-    m = f(eye)
-    return None if torch.equal(m, eye) else m
-
-# %% ../nbs/36_backends.ipynb #bde0220e
-def layer_maps(kv, # a `PagedKV`: its codecs and key profile (the maps are kept in `kv.maps`)
-               li:int, scale:float) -> LayerMaps:
-    "Pool layer `li`'s folded maps (made once per layer and scale)."
-    m = kv.maps.get((li, scale))
-    if m is not None: return m
-    kc, vc, prof = kv.k_codecs[li], kv.v_codecs[li], kv.key_profile
-    D, dev = kc.head_dim, kv.pool.device
-    R, Rv, Ro = (_linear_map(f, D, dev) for f in (kc.rotate, vc.rotate, vc.unrotate))
-    if prof is None: q, k, b = (None if R is None else R * scale), R, None
-    else:                                             # sigma, mu: [H, D]; (q * sigma) R, (k - mu) / sigma R
-        s, mu = prof.sigma[li].to(dev), prof.mu[li].to(dev)
-        R = torch.eye(D, device=dev) if R is None else R
-        q, k = s[:, :, None] * R * scale, R / s[:, :, None]
-        b = -torch.matmul((mu / s)[:, None, :], R).squeeze(1)
-    m = kv.maps[li, scale] = LayerMaps(q, k, b, Rv, Ro, float(scale))
-    return m
-
-# %% ../nbs/36_backends.ipynb #28ce2e2e
 @patch
 def _folded_decode(self:PagedAttn, kv, step, li:int, q:Tensor, k:Tensor, v:Tensor, scale:float) -> Tensor:
     "A decode-only step's layer from the model's q/k/v as they are (no key profile applied): `LayerMaps` map them."
@@ -410,8 +364,7 @@ def _folded_decode(self:PagedAttn, kv, step, li:int, q:Tensor, k:Tensor, v:Tenso
     kp, vp, kc, vc = kv.pool.k(li), kv.pool.v(li), kv.k_codecs[li], kv.v_codecs[li]
     B, Hq, D = q.shape; H = kp.shape[2]
     if w is not None and p.ring is not None:          # the token is in the window before it attends, as above
-        lanes, rows, lens = p.ring
-        dt = w.k_recent.dtype
+        (lanes, rows, lens), dt = p.ring, w.k_recent.dtype
         w.k_recent[lanes, rows], w.v_recent[lanes, rows], w.lens[lanes] = m.keys(k).to(dt), m.values(v).to(dt), lens
     elif w is not None: _window_append(kv, step, li, p.dec, m.keys(k), m.values(v))
     if p.dec_call is None:

@@ -16,7 +16,7 @@ LAYERS = [  # lowest first; a module may import any module of a lower layer
     ["keyprofile"],                     # the profile type, its files, which one a cache uses
     ["models.load"],                    # any transformers causal LM, its geometry
     ["attention"],                      # attention over pages: the reference, its checks
-    ["kernels", "attention_cpu", "window"],   # the Triton and the CPU kernels; the exact window row by row
+    ["kernels", "attention_cpu", "window", "layer_maps"],   # the Triton and CPU kernels; the exact window; folded maps
     ["models.weights"],                 # int8 linear layers (built like the CPU attention kernels)
     ["allocator"],                      # the pool's bookkeeping: pages, reservations, prefix index (no tensors)
     ["pool"],                           # pages in bytes
