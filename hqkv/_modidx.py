@@ -1038,4 +1038,5 @@ d = { 'settings': { 'branch': 'main',
                              'hqkv.window.decode_span': ('window.html#decode_span', 'hqkv/window.py'),
                              'hqkv.window.window_into': ('window.html#window_into', 'hqkv/window.py'),
                              'hqkv.window.window_put': ('window.html#window_put', 'hqkv/window.py'),
+                             'hqkv.window.window_put_tokens': ('window.html#window_put_tokens', 'hqkv/window.py'),
                              'hqkv.window.window_rows': ('window.html#window_rows', 'hqkv/window.py')}}}

@@ -15,7 +15,7 @@ from torch import Tensor
 from fastcore.basics import patch
 from .attention import paged_decode, paged_prefill
 from .pool import KVPool, PageTable
-from .window import window_put, window_into, decode_span, decode_reads
+from .window import window_put, window_put_tokens, window_into, decode_span, decode_reads
 from .layer_maps import layer_maps
 
 
@@ -140,6 +140,7 @@ class GatherPlan:
     spans: list
     longest: int               # the longest prefix + chunk among the prefill chunks (one K/V buffer serves them all)
     dec: GatherDecode|None
+    folded = False             # gather always gets the key profile applied (see `PagedPlan.folded`)
 
 def _page_rows(kv, sid, s:int, r:int) -> Tensor:
     "Flat page rows of positions [s, r) of a sequence."
@@ -277,7 +278,7 @@ class PagedPlan:
     # the backend's per-step decode plan (made at the first layer; the CPU kernels' `DecodePlan`)
     dec_call: object = None
     folded: bool = False           # decode rows only, nothing to code now: raw q/k, `LayerMaps` map them (`PagedKV.attend`)
-    # folded, every token past the sinks: int64 (lanes, ring rows, lengths after): one indexed write per layer for all
+    # folded, every token past the sinks: int64 (lanes, positions) for `window_put_tokens` (one write per layer)
     ring: tuple|None = None
 
 
@@ -317,8 +318,8 @@ class PagedAttn:
             p.pre_max = max(step.lens[i] for i in pre)
         p.folded = bool(dec) and not pre and step.write_rows is None and self._plan_decode is not None
         if p.folded and kv.windows is not None and kv.recent and all(step.pos0[i] >= kv.sinks for i in dec):
-            r = [(step.lanes[i], step.pos0[i] % kv.recent, step.pos0[i] + 1) for i in dec]
-            p.ring = tuple(torch.tensor(c, dtype=torch.int64, device=dev) for c in zip(*r))
+            p.ring = tuple(torch.tensor(c, dtype=torch.int64, device=dev) for c in zip(*[(step.lanes[i], step.pos0[i])
+                                                                                        for i in dec]))
         return p
     def store(self, kv, li, k, v, slots):
         if self._store is None: return encode_store(kv, li, k, v, slots)
@@ -364,8 +365,7 @@ def _folded_decode(self:PagedAttn, kv, step, li:int, q:Tensor, k:Tensor, v:Tenso
     kp, vp, kc, vc = kv.pool.k(li), kv.pool.v(li), kv.k_codecs[li], kv.v_codecs[li]
     B, Hq, D = q.shape; H = kp.shape[2]
     if w is not None and p.ring is not None:          # the token is in the window before it attends, as above
-        (lanes, rows, lens), dt = p.ring, w.k_recent.dtype
-        w.k_recent[lanes, rows], w.v_recent[lanes, rows], w.lens[lanes] = m.keys(k).to(dt), m.values(v).to(dt), lens
+        window_put_tokens(w, *p.ring, m.keys(k), m.values(v))
     elif w is not None: _window_append(kv, step, li, p.dec, m.keys(k), m.values(v))
     if p.dec_call is None:
         t = p.dec_table

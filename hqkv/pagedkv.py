@@ -269,7 +269,7 @@ def attend(self:PagedKV, li:int, # pool layer (0 .. attn_layers-1; `layer_index`
         raise ValueError(f"the {self.attn} attention backend has no logit soft-capping (softcap={softcap}); "
                          "use attn='gather'")
     # scores change by q . mu, a constant per query: softmax does not see it (a folded plan's backend applies it)
-    if self.key_profile is not None and not getattr(st.attn, "folded", False):
+    if self.key_profile is not None and not st.attn.folded:
         q, k = self.key_profile.apply_query(li, q).to(q.dtype), self.key_profile.apply_keys(li, k).to(k.dtype)
     if st.flush: self._flush(li, st)
     if st.write_rows is not None: self.backend.store(self, li, k[st.write_rows], v[st.write_rows], st.write_slots)
