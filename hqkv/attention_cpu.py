@@ -6,20 +6,18 @@ Docs: https://hqkv.github.io/hqkv/attention.cpu.html.md"""
 
 # %% ../nbs/34_attention.cpu.ipynb #857142ef
 from __future__ import annotations
-import ctypes, hashlib, math, os, shutil, subprocess, tempfile
-from importlib import resources
+import ctypes, math, os
 from pathlib import Path
 import torch
 from torch import Tensor
 from fastcore.basics import patch
 from .codec import Codec
-from .models.identity import cache_dir
+from .native import build, cpu_model
 from .attention import ExactWindow, _pair, _check_pages, _check_q, _check_table, _check_int, _check_window
 
 # %% auto #0
-__all__ = ['SOURCE', 'FLAGS', 'ISAS', 'CPU_FORMATS', 'e8_tables', 'build_dir', 'build', 'lib', 'set_isa', 'isas_here',
-           'cpu_model', 'cpu_format', 'e8_int8_table', 'integer_keys', 'int8_query', 'held_spans', 'DecodePlan',
-           'paged_decode_cpu', 'paged_prefill_cpu']
+__all__ = ['SOURCE', 'ISAS', 'CPU_FORMATS', 'e8_tables', 'lib', 'set_isa', 'isas_here', 'cpu_format', 'e8_int8_table',
+           'integer_keys', 'int8_query', 'held_spans', 'DecodePlan', 'paged_decode_cpu', 'paged_prefill_cpu']
 
 # %% ../nbs/34_attention.cpu.ipynb #512fa3f2
 # float32 [256*8 + 256*16]: magnitudes, then per low byte: sign masks (as float bits), signed shifts
@@ -34,36 +32,6 @@ def e8_tables() -> Tensor:
     shift = torch.where(lo & 1 == 1, 0.25, -0.25)[:, None]
     low = torch.cat([(neg.to(torch.int32) << 31).view(torch.float32), torch.where(neg == 1, -shift, shift)], 1)
     return torch.cat([a.reshape(-1), low.reshape(-1)]).contiguous()
-
-# %% ../nbs/34_attention.cpu.ipynb #afa6e8a2
-SOURCE = "csrc/attention_cpu.cpp"                       # package data of hqkv
-FLAGS = ("-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp")
-
-def build_dir() -> Path:
-    "Where built kernels are kept: hqkv's cache directory (`hqkv.models.identity.cache_dir`), under cpu_ext/."
-    return cache_dir() / "cpu_ext"
-
-# %% ../nbs/34_attention.cpu.ipynb #09180f72
-def build(force:bool=False, # compile even if the library is cached
-          source:str=SOURCE, # a C++ file of hqkv's package data (`hqkv.models.weights` builds its own the same way)
-         ) -> Path: # the shared library
-    "Compile `source` with $CXX (default g++) once per source and flags; RuntimeError naming what is missing or failed."
-    src, stem = resources.files("hqkv").joinpath(source), Path(source).stem
-    cxx = os.environ.get("CXX", "g++")
-    if shutil.which(cxx) is None:
-        raise RuntimeError(f"hqkv's {stem} needs a C++ compiler to build its kernels and {cxx!r} is not on PATH: "
-                           "install g++ (or set CXX)")
-    text = src.read_bytes()
-    out = build_dir() / f"{stem}-{hashlib.sha256(text + ' '.join((cxx,) + FLAGS).encode()).hexdigest()[:16]}.so"
-    if out.exists() and not force: return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent) as d, resources.as_file(src) as path:
-        tmp = Path(d) / out.name
-        r = subprocess.run([cxx, *FLAGS, "-o", str(tmp), str(path)], capture_output=True, text=True)
-        if r.returncode:
-            raise RuntimeError(f"hqkv's {stem}: building its CPU kernels with {cxx} failed:\n{r.stderr[-4000:]}")
-        os.replace(tmp, out)                              # atomic: a concurrent build never sees half a file
-    return out
 
 # %% ../nbs/34_attention.cpu.ipynb #aff3a66a
 class _Fmt(ctypes.Structure):
@@ -81,7 +49,14 @@ class _Args(ctypes.Structure):
     _fields_ = [(n, ctypes.c_void_p) for n in _PTRS] + [(n, ctypes.c_int64) for n in _INTS] + \
                [("kf", ctypes.POINTER(_Fmt)), ("vf", ctypes.POINTER(_Fmt))]
 
+class _Fold(ctypes.Structure):
+    "A folded decode step's maps and rows (C++ `Fold`; `DecodePlan.run_folded`)."
+    _fields_ = [(n, ctypes.c_void_p) for n in ("q", "k", "v", "qm", "km", "kb", "vm", "om")] + \
+               [(n, ctypes.c_int64) for n in ("qm_heads", "km_heads", "vm_heads", "om_heads", "G")] + \
+               [(n, ctypes.c_void_p) for n in ("lanes", "pos", "lens", "out")] + [("scale", ctypes.c_float)]
+
 # %% ../nbs/34_attention.cpu.ipynb #adafc967
+SOURCE = "csrc/attention_cpu.cpp"   # package data of hqkv, compiled on first use (`hqkv.native.build`)
 _LIB, _ISA = None, None
 # avx2: AVX2, FMA and F16C, every format in floats; avx512 (F, BW, VL, DQ, VNNI), avx2-int8 (AVX2: vpmaddubsw) and avx-vnni
 # (AVX2 and AVX-VNNI: vpdpbusd on 256 bits) read hq-e8-2b as int8 (`integer_keys`) and the rest as avx2 does.
@@ -94,8 +69,9 @@ def lib() -> ctypes.CDLL:
     "The built kernels, loaded once (the instruction set is chosen then: `set_isa()`)."
     global _LIB
     if _LIB is None:
-        l = ctypes.CDLL(str(build()))
+        l = ctypes.CDLL(str(build(SOURCE)))
         l.hqkv_cpu_decode.argtypes, l.hqkv_cpu_decode.restype = [ctypes.POINTER(_Args), ctypes.c_void_p], ctypes.c_int
+        l.hqkv_cpu_decode_folded.argtypes = [ctypes.POINTER(_Args), ctypes.POINTER(_Fold), ctypes.c_void_p]
         l.hqkv_cpu_isa.argtypes, l.hqkv_cpu_isa.restype = [ctypes.c_int], ctypes.c_int
         l.hqkv_cpu_e8_init.argtypes, l.hqkv_cpu_e8_int8.argtypes = [ctypes.c_void_p], [ctypes.c_void_p]
         from hqkv.codec.e8 import _tables                             # the codec's exact int8 image of every codeword
@@ -128,16 +104,6 @@ def isas_here() -> list[str]: # in ISAS order
     out = [n for n, v in ISAS.items() if l.hqkv_cpu_isa(v) >= 0]
     l.hqkv_cpu_isa(now)
     return out
-
-# %% ../nbs/34_attention.cpu.ipynb #85be2fe9
-def cpu_model() -> str: # e.g. 'AMD EPYC 7B13' (the processor name, else the architecture)
-    "The CPU's name, as saved results record it."
-    import platform
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"): return line.split(":", 1)[1].strip()
-    except OSError: pass
-    return platform.processor() or platform.machine()
 
 # %% ../nbs/34_attention.cpu.ipynb #705e96e5
 # name -> the kernel's FMT_ id
@@ -216,16 +182,20 @@ def _args(B:int, H:int, Gp:int, D:int, P:int, spans:Tensor, indptr:Tensor, indic
     a.spans, a.indptr, a.indices = spans.data_ptr(), indptr.data_ptr(), indices.data_ptr()
     return a
 
-def _call(a:_Args, qr:Tensor, k_pages, v_pages, kc, vc, window, work:Tensor) -> tuple[Tensor, Tensor]:
-    "Run the kernel on a layer: qr [B, H, Gp, D] rotated, scaled -> (out [B, H, Gp, D] values' domain, lse [B, H, Gp])."
+def _point(a:_Args, qr:Tensor, k_pages, v_pages, kc, vc, window, out:Tensor, lse:Tensor|None):
+    "Point a call's fields at one layer: its query buffer, pages, formats, window and outputs."
     (kf, _), (vf, _) = cpu_format(kc), cpu_format(vc)
-    out, lse = torch.empty(qr.shape), torch.empty(qr.shape[:3])
     a.k_row_bytes, a.v_row_bytes, a.kf, a.vf = kc.row_bytes, vc.row_bytes, ctypes.pointer(kf), ctypes.pointer(vf)
     a.q, a.k_pages, a.v_pages = qr.data_ptr(), k_pages.data_ptr(), v_pages.data_ptr()
-    a.out, a.lse = out.data_ptr(), lse.data_ptr()
+    a.out, a.lse = out.data_ptr(), (None if lse is None else lse.data_ptr())
     if window is not None:
         a.k_sink, a.v_sink, a.k_ring, a.v_ring = (t.data_ptr() for t in (window.k_sink, window.v_sink,
                                                                          window.k_recent, window.v_recent))
+
+def _call(a:_Args, qr:Tensor, k_pages, v_pages, kc, vc, window, work:Tensor) -> tuple[Tensor, Tensor]:
+    "Run the kernel on a layer: qr [B, H, Gp, D] rotated, scaled -> (out [B, H, Gp, D] values' domain, lse [B, H, Gp])."
+    out, lse = torch.empty(qr.shape), torch.empty(qr.shape[:3])
+    _point(a, qr, k_pages, v_pages, kc, vc, window, out, lse)
     lib().hqkv_cpu_decode(ctypes.byref(a), work.data_ptr())
     return out, lse
 
@@ -243,7 +213,8 @@ class DecodePlan:
                  codec:Codec, # that layer's format (or key, value pair): the head size
                  # exact window (any layer's: sizes and lengths are shared)
                  window:ExactWindow|None=None, window_slots:Tensor|None=None,
-                 threads:int|None=None, chunk:int|None=None):
+                 threads:int|None=None, chunk:int|None=None,
+                 appending:bool=False): # `run_folded` calls: each writes the sequences' new tokens to the window first
         num_pages, P, H = _check_pages(k_pages, v_pages, codec)
         D = _pair(codec)[0].head_dim
         B = indptr.shape[0] - 1 if isinstance(indptr, Tensor) and indptr.ndim == 1 else -1
@@ -254,7 +225,8 @@ class DecodePlan:
         if any(not 1 <= x <= P for x in lpl): raise ValueError(f"last_page_len must be in 1..{P}, got {lpl}")
         _check_cpu(k_pages, v_pages, indptr, indices)
         self.lens = [(ip[b + 1] - ip[b] - 1) * P + lpl[b] for b in range(B)]
-        slots = _check_window(window, window_slots, self.lens, H, D, "sequence length")
+        slots = _check_window(window, window_slots, [L - appending for L in self.lens], H, D,
+                              "sequence length" + " - 1 (appending)" * appending)
         self.shape, self.B, self.D, self.table = (num_pages, P, H), B, D, (indptr, indices)
         self.window_sr = (window.sinks, window.recent) if window is not None else None
         self.slots = torch.tensor(slots if slots is not None else [], dtype=torch.int64)
@@ -262,7 +234,7 @@ class DecodePlan:
         self.chunk, self.items = _split(self.lens, P, self.threads, chunk)
         self.spans = _spans(self.lens, window, slots)
         # per padded group size: the shared kernel fields, the work buffer, a query buffer (padding rows zero)
-        self._args, self._work, self._qpad = {}, {}, {}
+        self._args, self._work, self._qpad, self._obuf = {}, {}, {}, {}
     def __repr__(self):
         return f"DecodePlan(B={self.B}, tokens={sum(self.lens)}, chunk={self.chunk}, threads={self.threads})"
 
@@ -311,15 +283,51 @@ def run_coded(self:DecodePlan, qr:Tensor, # float32 [B, H, G, D]: queries in the
              ) -> tuple[Tensor, Tensor]: # out [B, H, G, D] in the values' domain, lse [B, H, G]
     "The kernel call alone, unchecked: for a caller whose pages and window are the plan's (`run` checks them)."
     B, H, G, D = qr.shape
-    Gp = _padded_group(G)
+    Gp = self._buffers(G)
+    if Gp != G: self._qpad[Gp][:, :, :G] = qr; qr = self._qpad[Gp]  # the kernels run Gp heads; the rest read zeros
+    out, lse = _call(self._args[Gp], qr.contiguous(), k_pages, v_pages, kc, vc, window, self._work[Gp])
+    return out[:, :, :G], lse[:, :, :G]
+
+# %% ../nbs/34_attention.cpu.ipynb #a6df6451
+@patch
+def _buffers(self:DecodePlan, G:int) -> int: # the kernels' group size Gp
+    "The call fields, work buffer, padded query buffer (padding rows stay zero) and output buffer for G heads a group."
+    Gp, (B, H, D) = _padded_group(G), (self.B, self.shape[2], self.D)
     if Gp not in self._args:
         self._args[Gp] = _args(B, H, Gp, D, self.shape[1], self.spans, *self.table, self.window_sr or (0, 0),
                                self.threads, self.chunk)
         self._work[Gp] = torch.empty(self.items * H * Gp * (D + 2))   # every byte is written before it is read
-        self._qpad[Gp] = torch.zeros(B, H, Gp, D)
-    if Gp != G: self._qpad[Gp][:, :, :G] = qr; qr = self._qpad[Gp]  # the kernels run Gp heads; the rest read zeros
-    out, lse = _call(self._args[Gp], qr.contiguous(), k_pages, v_pages, kc, vc, window, self._work[Gp])
-    return out[:, :, :G], lse[:, :, :G]
+        self._qpad[Gp], self._obuf[Gp] = torch.zeros(B, H, Gp, D), torch.empty(B, H, Gp, D)
+    return Gp
+
+@patch
+def run_folded(self:DecodePlan, q:Tensor, # float32 [B, H, G, D]: the model's queries, contiguous
+               k:Tensor, v:Tensor, # float32 [B, H, D]: the step's new keys and values, the model's, contiguous
+               maps, # the layer's `hqkv.layer_maps.LayerMaps`
+               k_pages:Tensor, v_pages:Tensor, kc:Codec, vc:Codec, window:ExactWindow|None=None,
+               lanes:Tensor|None=None, pos:Tensor|None=None, # int64 [B]: each row's window lane and position
+              ) -> Tensor: # [B, H, G, D] float32, the model's domain
+    "One unchecked call for a decode step's layer: maps applied, the new rows into the window, attention, map back."
+    B, H, G, D = q.shape
+    Gp, f = self._buffers(G), _fold(maps)
+    out = torch.empty(B, H, G, D)
+    _point(self._args[Gp], self._qpad[Gp], k_pages, v_pages, kc, vc, window, self._obuf[Gp], None)
+    f.q, f.k, f.v, f.G, f.out = q.data_ptr(), k.data_ptr(), v.data_ptr(), G, out.data_ptr()
+    f.lanes, f.pos, f.lens = (None, None, None) if window is None else (lanes.data_ptr(), pos.data_ptr(),
+                                                                          window.lens.data_ptr())
+    lib().hqkv_cpu_decode_folded(ctypes.byref(self._args[Gp]), ctypes.byref(f), self._work[Gp].data_ptr())
+    return out
+
+def _fold(m) -> _Fold:
+    "A `LayerMaps`' matrices as the kernel reads them (made once: kept in `m.native`, which keeps the tensors alive)."
+    if m.native is None:
+        ts = [None if t is None else t.float().contiguous() for t in (m.q, m.k, m.k_bias, m.v, m.o)]
+        f = _Fold(scale=m.scale)
+        f.qm, f.km, f.kb, f.vm, f.om = (None if t is None else t.data_ptr() for t in ts)
+        f.qm_heads, f.km_heads, f.vm_heads, f.om_heads = (1 if t is None or t.ndim == 2 else t.shape[0]
+                                                          for t in (ts[0], ts[1], ts[3], ts[4]))
+        m.native = (f, ts)
+    return m.native[0]
 
 # %% ../nbs/34_attention.cpu.ipynb #83854038
 def paged_decode_cpu(q:Tensor, # float [B, Hq, D], original domain; Hq a multiple of kv_heads

@@ -15,7 +15,7 @@ from torch import Tensor
 from fastcore.basics import patch
 from .attention import paged_decode, paged_prefill
 from .pool import KVPool, PageTable
-from .window import window_put, window_put_tokens, window_into, decode_span, decode_reads
+from .window import window_put, window_into, decode_span, decode_reads
 from .layer_maps import layer_maps
 
 
@@ -277,9 +277,9 @@ class PagedPlan:
     pre_max: int = 0               # the longest chunk
     # the backend's per-step decode plan (made at the first layer; the CPU kernels' `DecodePlan`)
     dec_call: object = None
-    folded: bool = False           # decode rows only, nothing to code now: raw q/k, `LayerMaps` map them (`PagedKV.attend`)
-    # folded, every token past the sinks: int64 (lanes, positions) for `window_put_tokens` (one write per layer)
-    ring: tuple|None = None
+    folded: bool = False           # decode rows only, nothing to code now: raw q/k, `LayerMaps` map them
+    # folded, with a window: int64 (lanes, positions) of the step's tokens, which `DecodePlan.run_folded` writes
+    tokens: tuple = (None, None)
 
 
 # %% ../nbs/36_backends.ipynb #9623f1d3
@@ -317,9 +317,9 @@ class PagedAttn:
             p.pre_lanes = i32([step.lanes[i] for i in pre])
             p.pre_max = max(step.lens[i] for i in pre)
         p.folded = bool(dec) and not pre and step.write_rows is None and self._plan_decode is not None
-        if p.folded and kv.windows is not None and kv.recent and all(step.pos0[i] >= kv.sinks for i in dec):
-            p.ring = tuple(torch.tensor(c, dtype=torch.int64, device=dev) for c in zip(*[(step.lanes[i], step.pos0[i])
-                                                                                        for i in dec]))
+        if p.folded and kv.windows is not None:
+            p.tokens = tuple(torch.tensor(c, dtype=torch.int64, device=dev) for c in zip(*[(step.lanes[i], step.pos0[i])
+                                                                                          for i in dec]))
         return p
     def store(self, kv, li, k, v, slots):
         if self._store is None: return encode_store(kv, li, k, v, slots)
@@ -364,15 +364,12 @@ def _folded_decode(self:PagedAttn, kv, step, li:int, q:Tensor, k:Tensor, v:Tenso
     p, w, m = step.attn, (kv.windows[li] if kv.windows is not None else None), layer_maps(kv, li, scale)
     kp, vp, kc, vc = kv.pool.k(li), kv.pool.v(li), kv.k_codecs[li], kv.v_codecs[li]
     B, Hq, D = q.shape; H = kp.shape[2]
-    if w is not None and p.ring is not None:          # the token is in the window before it attends, as above
-        window_put_tokens(w, *p.ring, m.keys(k), m.values(v))
-    elif w is not None: _window_append(kv, step, li, p.dec, m.keys(k), m.values(v))
-    if p.dec_call is None:
+    if p.dec_call is None:                            # each call writes the step's tokens to the window itself
         t = p.dec_table
         p.dec_call = self._plan_decode(kp, vp, t.indptr, t.indices, t.last_page_len, kc if kc is vc else (kc, vc), w,
-                                       p.dec_lanes if w is not None else None)
-    out, _ = p.dec_call.run_coded(m.query(q.view(B, H, Hq // H, D)), kp, vp, kc, vc, w)
-    return m.output(out).reshape(B, Hq, D)
+                                       p.dec_lanes if w is not None else None, appending=True)
+    f = lambda x: x.float().contiguous()              # one kernel call: the maps, the window write, attention, map back
+    return p.dec_call.run_folded(f(q).view(B, H, Hq // H, D), f(k), f(v), m, kp, vp, kc, vc, w, *p.tokens).view(B, Hq, D)
 
 # %% ../nbs/36_backends.ipynb #9bd30b70
 def _triton_backend() -> PagedAttn:

@@ -24,6 +24,7 @@ class LayerMaps:
     v: Tensor|None    # new values -> the values' domain
     o: Tensor|None    # outputs from the values' domain back
     scale: float
+    native: object = None   # the CPU kernels' copy of the maps (made on first use by `DecodePlan.run_folded`)
     def query(self, q:Tensor) -> Tensor: # [.., H, G, D] float32
         return q.float() * self.scale if self.q is None else torch.matmul(q.float(), self.q)
     def keys(self, k:Tensor) -> Tensor: # [.., H, D] float32

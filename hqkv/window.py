@@ -12,7 +12,7 @@ from .attention import ExactWindow
 
 
 # %% auto #0
-__all__ = ['window_put', 'window_put_tokens', 'window_into', 'window_rows', 'decode_span', 'decode_reads']
+__all__ = ['window_put', 'window_into', 'window_rows', 'decode_span', 'decode_reads']
 
 # %% ../nbs/35_window.ipynb #b0a3ab1a
 def window_put(w:ExactWindow, lane:int, P:int, # a lane and the position of the first row
@@ -29,13 +29,6 @@ def window_put(w:ExactWindow, lane:int, P:int, # a lane and the position of the 
         w.k_recent[lane, j:j + m], w.v_recent[lane, j:j + m] = kr[a - P:a - P + m], vr[a - P:a - P + m]
         a += m
     w.lens[lane] = e
-
-# %% ../nbs/35_window.ipynb #ff9a00eb
-def window_put_tokens(w:ExactWindow, lanes:Tensor, P:Tensor, # int64 [B]: lanes, each one's token position (>= sinks)
-                      kr:Tensor, vr:Tensor): # float [B, kv_heads, D], already in the codecs' domains
-    "One token for each of B lanes, all past the sinks, in one indexed write (a decode step's `window_put`s)."
-    dt = w.k_recent.dtype
-    w.k_recent[lanes, P % w.recent], w.v_recent[lanes, P % w.recent], w.lens[lanes] = kr.to(dt), vr.to(dt), P + 1
 
 # %% ../nbs/35_window.ipynb #ab78bef0
 def window_into(w:ExactWindow, lane:int, a:int, b:int, K:Tensor, V:Tensor,

@@ -9,7 +9,7 @@ PKG = Path(__file__).resolve().parents[1] / "hqkv"
 LAYERS = [  # lowest first; a module may import any module of a lower layer
     ["rotation", "precision", "testing", "sampling"],   # nothing of hqkv
     ["models.identity"],                # a model's name, identity and files (nothing of hqkv either)
-    ["codec"],                          # the row formats (codec.* is one package)
+    ["codec", "native"],                # the row formats (codec.* is one package); building the C++ kernels
     ["sizing", "fixtures"],             # bytes per token, geometries; shipped texts and data
     ["texts"],                          # the evaluation texts (whole or shipped excerpts) and their windows
     ["bitplan"],                        # the per-row plan type and its search (pure)

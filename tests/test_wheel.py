@@ -75,8 +75,8 @@ def test_the_venv_has_no_extra_and_nothing_missing(venv):
 def test_plan_codecs_and_cpu_kernels_work_without_extras(venv, tmp_path):
     r = run(venv, "hqkv", "plan", "--format", "hq-e8-2b")
     assert r.returncode == 0 and "hq-e8-2b" in r.stdout, r.stderr[-2000:]
-    code = ("import torch; from hqkv.codec import get_codec; from hqkv.attention_cpu import build; c = get_codec('hq-e8-2b', 64); "
-            "x = torch.randn(8, 64); y = c.decode(c.encode(x)); assert y.shape == x.shape and torch.isfinite(y).all(); print(build().name)")
+    code = ("import torch; from hqkv.codec import get_codec; from hqkv.native import build; c = get_codec('hq-e8-2b', 64); "
+            "x = torch.randn(8, 64); y = c.decode(c.encode(x)); assert y.shape == x.shape and torch.isfinite(y).all(); print(build('csrc/attention_cpu.cpp').name)")
     r = run(venv, "python", "-c", code, HQKV_CACHE_DIR=str(tmp_path))        # an empty cache: the kernels compile from the wheel's copy
     assert r.returncode == 0 and r.stdout.strip().endswith(".so") and list(tmp_path.glob("cpu_ext/*.so")), r.stderr[-3000:]
 

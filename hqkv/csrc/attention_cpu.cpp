@@ -695,3 +695,69 @@ extern "C" int hqkv_cpu_decode(const Args* ap, float* work) {   // work: [items,
     }
     return 0;
 }
+
+// ---------------------------------------------------------------- a folded decode step (hqkv.layer_maps): maps, window write, decode, map back
+// One call per layer of a decode-only step: the model's q/k/v as they are, the layer's fixed maps (key profile, rotations,
+// softmax scale folded into one D x D matrix each, per KV head or shared; null: the identity) applied here, and the new
+// tokens written to the window (a sink row or the ring's), instead of four small torch products and an indexed write.
+struct Fold {                                 // mirrored by hqkv.attention_cpu._Fold
+    const float* q; const float* k; const float* v;   // the model's rows, float32: q [B, H, G, D], k and v [B, H, D]
+    const float* qm; const float* km; const float* kb; const float* vm; const float* om;   // [Hm, D, D] (kb: [H, D]) or null
+    int64_t qm_heads, km_heads, vm_heads, om_heads;   // Hm: 1 (one map for every KV head) or H
+    int64_t G;                                // query heads per KV head (the plan pads to Gp)
+    const int64_t* lanes; const int64_t* pos; // [B]: each row's window lane and position (null: no window)
+    int64_t* lens;                            // the window's lengths [slots]: pos + 1 after the write
+    float* out;                               // [B, H, G, D]: the output, back in the model's domain
+    float scale;                              // the softmax scale, when qm is null (qm has it folded in)
+};
+
+// y = x M (M [D, D] row-major) or y = s x (M null); the loops vectorize for the CPU at hand
+__attribute__((target_clones("avx512f", "avx2", "default")))
+static void map_row(const float* x, const float* M, float s, int64_t D, float* y) {
+    if (!M) { for (int64_t j = 0; j < D; ++j) y[j] = s * x[j]; return; }
+    for (int64_t j = 0; j < D; ++j) y[j] = 0;
+    for (int64_t i = 0; i < D; ++i) { const float xi = x[i]; const float* r = M + i * D; for (int64_t j = 0; j < D; ++j) y[j] += xi * r[j]; }
+}
+static inline uint16_t f2bf(float f) {       // float -> bf16, round to nearest even (as torch's .to(bfloat16))
+    uint32_t u; memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);   // NaN stays NaN
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+extern "C" int hqkv_cpu_decode_folded(const Args* ap, const Fold* fp, float* work) {   // a.q: the padded query buffer, written here
+    const Args& a = *ap; const Fold& f = *fp;
+    const int64_t B = a.B, H = a.H, Gp = a.Gp, G = f.G, D = a.D, DD = D * D;
+    if (D > 512 || G > Gp) return 1;
+    float* qb = const_cast<float*>(a.q);
+    uint16_t* ks = const_cast<uint16_t*>(a.k_sink); uint16_t* vs = const_cast<uint16_t*>(a.v_sink);
+    uint16_t* kr = const_cast<uint16_t*>(a.k_ring); uint16_t* vr = const_cast<uint16_t*>(a.v_ring);
+    #pragma omp parallel for num_threads((int)a.threads) if (a.threads > 1 && B > 1)
+    for (int64_t b = 0; b < B; ++b) {
+        float y[512];
+        uint16_t *kd = nullptr, *vd = nullptr;  // the token's window rows, as window_put places it (none: no window)
+        if (f.lanes) {
+            const int64_t lane = f.lanes[b], p = f.pos[b];
+            if (p < a.S) { kd = ks + (lane * a.S + p) * H * D; vd = vs + (lane * a.S + p) * H * D; }
+            else if (a.R) { kd = kr + (lane * a.R + p % a.R) * H * D; vd = vr + (lane * a.R + p % a.R) * H * D; }
+            f.lens[lane] = p + 1;
+        }
+        for (int64_t h = 0; h < H && kd; ++h) {
+            map_row(f.k + (b * H + h) * D, f.km ? f.km + (f.km_heads > 1 ? h : 0) * DD : nullptr, 1.0f, D, y);
+            for (int64_t d = 0; d < D; ++d) kd[h * D + d] = f2bf(f.kb ? y[d] + f.kb[h * D + d] : y[d]);
+            map_row(f.v + (b * H + h) * D, f.vm ? f.vm + (f.vm_heads > 1 ? h : 0) * DD : nullptr, 1.0f, D, y);
+            for (int64_t d = 0; d < D; ++d) vd[h * D + d] = f2bf(y[d]);
+        }
+        for (int64_t h = 0; h < H; ++h) {
+            const float* qm = f.qm ? f.qm + (f.qm_heads > 1 ? h : 0) * DD : nullptr;
+            for (int64_t g = 0; g < G; ++g) map_row(f.q + ((b * H + h) * G + g) * D, qm, f.scale, D, qb + ((b * H + h) * Gp + g) * D);
+        }
+    }
+    int rc = hqkv_cpu_decode(ap, work);
+    if (rc) return rc;
+    #pragma omp parallel for num_threads((int)a.threads) if (a.threads > 1 && B > 1)
+    for (int64_t bh = 0; bh < B * H; ++bh) {   // the output back to the model's domain (a.out holds the values' domain)
+        const float* om = f.om ? f.om + (f.om_heads > 1 ? bh % H : 0) * DD : nullptr;
+        for (int64_t g = 0; g < G; ++g) map_row(a.out + (bh * Gp + g) * D, om, 1.0f, D, f.out + (bh * G + g) * D);
+    }
+    return 0;
+}

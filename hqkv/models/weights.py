@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 import torch
 from torch import Tensor, nn
-from ..attention_cpu import build, cpu_model
+from ..native import build, cpu_model
 
 # %% auto #0
 __all__ = ['WEIGHTS', 'GROUP', 'DIRECT_ROWS', 'BF16_DIRECT_ROWS', 'KLD_TARGET', 'quantize_int8', 'linear_int8', 'quantize_int4',
@@ -28,7 +28,7 @@ _LIB = None
 def _lib() -> ctypes.CDLL:
     global _LIB
     if _LIB is None:
-        l = ctypes.CDLL(str(build(source="csrc/linear_cpu.cpp")))
+        l = ctypes.CDLL(str(build("csrc/linear_cpu.cpp")))
         P, I = ctypes.c_void_p, ctypes.c_int64
         l.hqkv_linear_int8.argtypes, l.hqkv_linear_int8.restype = [P, I, I, P, P, I, P, I], ctypes.c_int
         l.hqkv_linear_int4.argtypes, l.hqkv_linear_int4.restype = [P, I, I, P, P, P, I, P, I], ctypes.c_int
