@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools, math
 from dataclasses import dataclass, field, asdict
 from .codec import get_codec, asked_codec_opts, list_codecs
+from .sizing import parse_layer_formats, layer_formats_str
 
 # %% auto #0
 __all__ = ['CANDIDATES', 'format_bits', 'parse_budget', 'BitPlan', 'choose_plan', 'bit_plan']
@@ -34,7 +35,7 @@ def parse_budget(budget, # bits per value (2.5, '2.5') or bytes per token of the
     return b
 
 # %% ../nbs/14a_bitplan.ipynb #611ee60f
-def _row(layer:int, kv:str) -> str: return f"{kv}{layer}"     # 'k5': layer 5's keys, 'v5': its values
+def _row(layer:int, kv:str) -> str: return f"{kv}{layer}"   # 'k5': layer 5's keys, 'v5': its values (as `hqkv.sizing`)
 
 @dataclass(frozen=True)
 class BitPlan:
@@ -51,15 +52,13 @@ class BitPlan:
     def __post_init__(self):
         if self.base not in list_codecs(): raise ValueError(f"BitPlan: unknown base format {self.base!r}")
         for n in ("key_formats", "value_formats"):
-            pairs = tuple((int(l), str(f)) for l, f in getattr(self, n))
-            bad = [f for _, f in pairs if f not in list_codecs()]
-            if bad: raise ValueError(f"BitPlan.{n}: unknown formats {bad}")
-            object.__setattr__(self, n, tuple(sorted(pairs)))
+            try: pairs = parse_layer_formats(getattr(self, n), what=n.split("_")[0])   # sorted, checked
+            except ValueError as e: raise ValueError(f"BitPlan.{n}: {e}") from None
+            object.__setattr__(self, n, pairs)
     @property
     def tag(self) -> str:
         "One token for plan lines: '2.50b:k5=tbq3,k11=tbq3' ('2.25b:-' when every row stays in the base format)."
-        rows = [f"k{l}={f}" for l, f in self.key_formats] + [f"v{l}={f}" for l, f in self.value_formats]
-        return f"{self.bits:.2f}b:" + (",".join(rows) or "-")
+        return f"{self.bits:.2f}b:" + (layer_formats_str(self.key_formats, self.value_formats) or "-")
     def as_dict(self) -> dict: return asdict(self)
     @classmethod
     def from_dict(cls, d:dict) -> BitPlan:
@@ -111,5 +110,5 @@ def bit_plan(sensitivity:dict, base_kld:float, base:str, head_dim:int, budget_bi
              calibration:dict|None=None) -> BitPlan:
     "`choose_plan`'s formats as a `BitPlan` (its rows split into key and value formats that leave `base`)."
     plan, bits, pred = choose_plan(sensitivity, base_kld, base, head_dim, budget_bits)
-    pick = lambda kv: tuple((int(r[1:]), f) for r, f in plan.items() if r[0] == kv and f != base)
-    return BitPlan(base, budget_bits, pick("k"), pick("v"), bits, base_kld, pred, calibration or {}, sensitivity)
+    kf, vf = parse_layer_formats(",".join(f"{r}={f}" for r, f in plan.items() if f != base), kv=True)  # 'k5=tbq3,...'
+    return BitPlan(base, budget_bits, kf, vf, bits, base_kld, pred, calibration or {}, sensitivity)

@@ -10,11 +10,12 @@ import argparse, importlib, json, sys
 from dataclasses import dataclass, asdict
 from typing import Callable
 import hqkv
-from .sizing import GEOMETRIES, Budget, get_geometry, kv_formats, plan, lanes_bytes, fmt_bytes
+from .sizing import (GEOMETRIES, Budget, get_geometry, kv_formats, plan, lanes_bytes, fmt_bytes,
+                         parse_layer_formats, layer_formats_str)
 
 # %% auto #0
 __all__ = ['COMMANDS', 'COMMAND_MODULES', 'EXTRAS', 'Command', 'register_command', 'build_parser', 'main', 'missing_extra',
-           'plan_report']
+           'plan_report', 'plan_name']
 
 # %% ../nbs/42_cli.ipynb #46a0bd9f
 @dataclass(slots=True, frozen=True)
@@ -153,6 +154,11 @@ def plan_report(model:str="qwen3.5-27b", # geometry preset
             "lanes": lanes, "exact_tokens": exact_tokens, "plans": plans, "skipped": skipped}
 
 # %% ../nbs/42_cli.ipynb #ac5d9a6d
+def plan_name(p:dict) -> str:
+    "A plan's (`Plan.as_dict`) format as tables show it: 'hq-e8-2b', with per-layer formats 'hq-e8-2b k5=tbq3,k11=tbq3'."
+    lf = layer_formats_str(parse_layer_formats(p["key_formats"]), parse_layer_formats(p["value_formats"], what="value"))
+    return p["kv_format"] + (f" {lf}" if lf else "")
+
 def _plan_table(r:dict) -> str:
     g, ps = get_geometry(r["model"]), r["plans"]
     ref = next((p["bytes_per_token"] for p in ps if p["kv_format"] == "bf16"), ps[0]["bytes_per_token"])
@@ -165,8 +171,8 @@ def _plan_table(r:dict) -> str:
                                                    ">")] + ([("lanes (+state)", ">")] if state else [])
     rows = []
     for p in ps:
-        name = p["kv_format"] + "".join(f" k{l}:{f}" for l, f in p["key_formats"].items())
-        row = [name, f"{p['bits_per_value']:g}", f"{p['bytes_per_token']:,}", f"{ref / p['bytes_per_token']:.2f}x",
+        row = [plan_name(p), f"{p['bits_per_value']:g}", f"{p['bytes_per_token']:,}",
+               f"{ref / p['bytes_per_token']:.2f}x",
                f"{fmt_bytes(p['need_bytes'], decimal=True)} / {fmt_bytes(p['need_bytes'])}", f"{p['page_bytes']:,}",
                f"{p['pages']:,}", f"{p['tokens']:,}", f"{p['pool_lanes']:,}"] + ([f"{p['lanes']:,}"] if state else [])
         rows.append(row)

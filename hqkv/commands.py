@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse, dataclasses, json, os, sys, threading, time
 from pathlib import Path
 import torch
-from .cli import register_command
+from .cli import register_command, plan_name
 from .settings import SETTINGS, EngineConfig, add_settings, config_from_args, _int
 from .models.load import PACKAGED_MODELS
 
@@ -94,12 +94,11 @@ def _demo_text(r:dict) -> str:
     out = [f"hqkv demo: {r['model']}, {r['prompt_tokens']:,} prompt tokens, {len(r['runs'][f0]['tokens'])} new tokens "
            f"(greedy), budget {p0['budget']['amount']:,} {p0['budget']['unit']}, window "
            f"{r['config']['kv.window_sinks']}+{r['config']['kv.window_recent']} exact tokens", ""]
-    name = lambda f, p: f + "".join(f" k{l}:{x}" for l, x in p["key_formats"].items())   # per-layer key formats, if any
-    W = max(10, len(name(f0, p0)), len(name(f1, p1)))
+    W = max(10, len(plan_name(p0)), len(plan_name(p1)))   # per-layer formats, if any
     out.append(f"{'format':<{W}} {'bits':>5} {'B/token':>8} {'pool tokens':>12} {'x tokens':>9}  decode tok/s")
     for f, p in ((f0, p0), (f1, p1)):
         dt = r["runs"][f]["decode_tokens_per_s"]
-        out.append(f"{name(f, p):<{W}} {p['bits_per_value']:>5.3g} {p['bytes_per_token']:>8,} {p['tokens']:>12,} "
+        out.append(f"{plan_name(p):<{W}} {p['bits_per_value']:>5.3g} {p['bytes_per_token']:>8,} {p['tokens']:>12,} "
                    f"{p['tokens'] / p1['tokens']:>8.2f}x  " + (f"{dt:.2f}" if dt else "- (one token)"))
     out += [r["runs"][f0]["vram_plan"], r["runs"][f1]["vram_plan"], "", f"prompt ends: {r['prompt_tail']!r}"]
     w = max(len(f0), len(f1))

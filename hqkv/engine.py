@@ -15,7 +15,7 @@ from torch import Tensor
 from .codec import codec_class, asked_codec_opts
 from fastcore.basics import patch
 from .pool import KVPool
-from .sizing import parse_budget, plan, key_format_items
+from .sizing import parse_budget, plan
 from .pagedkv import PagedKV
 from .backends import ATTN_BACKENDS, default_backend
 from .model_runner import ModelRunner
@@ -80,8 +80,8 @@ def idle(self:Engine) -> bool: return self.scheduler.idle
 @patch
 def __repr__(self:Engine):
     c = self.config
-    kf = ((f", key_formats={c.key_formats}" if self.pool.key_formats else "")
-          + (f", value_formats={c.value_formats}" if self.pool.value_formats else ""))
+    lay = self.pool.layout   # as the plan line: manual or planned
+    kf = f", layer_formats={lay.describe()}" if lay.mixed else ""
     return (f"Engine({self.lm.name}, {c.kv_format}{kf}, pool={self.pool.num_pages} pages, "
             f"window={c.window_sinks}+{c.window_recent}, key_profile={self.key_profile}, attn={self.paged.attn}, "
             f"{c.policy}, running={len(self.running)}, waiting={len(self.waiting)})")

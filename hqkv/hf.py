@@ -335,8 +335,7 @@ def nbytes(self:HQKVCache)->int: return cache_nbytes(self)
 
 @patch
 def __repr__(self:HQKVCache):
-    kf = ("".join(f", layer {l} keys {f}" for l, f in self.key_formats.items())
-          + "".join(f", layer {l} values {f}" for l, f in self.value_formats.items()))
+    kf = f", layer_formats={self.layout.describe()}" if self.layout.mixed else ""   # as plan lines show them
     return (f"HQKVCache({self.codec.name}{kf}, {len(self.hqkv_layers)} of {len(self.layers)} layers coded, "
             f"window {self.window_sinks}+{self.window_recent}, key profile "
             f"{'on' if self.key_profile is not None else 'off'}, "

@@ -13,7 +13,7 @@ from fastcore.basics import patch
 from .codec import codec_class
 from .bitplan import BitPlan
 from .fixtures import DATA_DIR
-from .sizing import CacheLayout, key_format_items
+from .sizing import CacheLayout, parse_layer_formats
 from .models.identity import DEFAULT_MODEL, ModelIdentity, cache_dir
 
 
@@ -302,7 +302,7 @@ def cache_setup(kv_format:str, # kv.format: the cache's format
     "The layout a cache uses: manual per-layer formats, else the profile's plan for `kv_format`, else `kv_format`."
     if bit_plan not in ("auto", "off"): raise ValueError(f"kv.bit_plan must be 'auto' or 'off', got {bit_plan!r}")
     if profile is not None and kv_heads is not None: profile.check_geometry(layers, kv_heads, head_dim)
-    manual = bool(key_format_items(key_formats) or key_format_items(value_formats))
+    manual = bool(parse_layer_formats(key_formats) or parse_layer_formats(value_formats, what="value"))
     plan = None if bit_plan == "off" or profile is None or manual else profile.plan_for(kv_format)
     if plan is not None: key_formats, value_formats = plan.key_formats, plan.value_formats
     # a layer the model lacks, an unknown format: ValueError

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 from .allocator import PoolFull, Admission, PageAllocator
 from .codec import codec_class, get_codec, list_codecs, Codec
-from .sizing import CacheLayout, Geometry, Plan, get_geometry, plan, row_bytes, key_formats_str
+from .sizing import CacheLayout, Geometry, Plan, get_geometry, plan, row_bytes
 
 # %% auto #0
 __all__ = ['POOL_LAYOUT_VERSION', 'PageTable', 'KVPool']
@@ -118,8 +118,7 @@ KVPool.mixed = property(lambda self: len(self.storage) > 1,
 def kv(self:KVPool) -> Tensor:
     "Every page of a one-format pool: uint8 [attn_layers, 2 (K, V), num_pages, page_tokens, kv_heads, row_bytes]."
     if self.mixed:
-        raise ValueError(f"a pool with per-layer formats (keys {key_formats_str(self.plan.key_formats) or 'none'}, "
-                         f"values {key_formats_str(self.plan.value_formats) or 'none'}) has no single kv tensor: "
+        raise ValueError(f"a pool with per-layer formats ({self.layout.describe()}) has no single kv tensor: "
                          "use k(layer), v(layer) or storage")
     g = self.geometry
     return self.storage[self.kv_format].view(g.attn_layers, 2, *self.storage[self.kv_format].shape[1:])
@@ -181,8 +180,7 @@ def v_codec(self:KVPool, layer:int) -> Codec:
 @patch
 def __repr__(self:KVPool):
     a = self.alloc
-    kf = ((f", key_formats={key_formats_str(self.plan.key_formats)}" if self.key_formats else "")
-          + (f", value_formats={key_formats_str(self.plan.value_formats)}" if self.value_formats else ""))
+    kf = f", layer_formats={self.layout.describe()}" if self.layout.mixed else ""   # as the plan line
     return (f"KVPool({self.geometry.name}, {self.kv_format}{kf}, pages={a.num_pages} x {self.page_bytes:,} B, "
             f"used={a.used_pages}, retained={a.retained_pages}, reserved={a.reserved_pages}, sequences={len(a)}, "
             f"device={self.device})")

@@ -24,8 +24,8 @@ _all_ = ['PYDOC_GLOB', 'TEXTS', 'kjv_text', 'pydoc_text', 'eval_text', 'text_win
 # %% auto #0
 __all__ = ['REGIMES', 'NIAH_INTRO', 'NIAH_NEEDLE', 'NIAH_QUESTION', 'ORACLE', 'TokenScores', 'kld_eval', 'NeedlePrompt',
            'niah_key', 'niah_prompt', 'niah_score', 'text_ids', 'run_kld', 'run_niah', 'summarize', 'table_markdown',
-           'write_table', 'eval_variants', 'PYDOC_GLOB', 'TEXTS', 'kjv_text', 'pydoc_text', 'eval_text', 'text_windows',
-           'codec_opts', 'KVVariant', 'kv_state', 'HFTokenizer', 'HFModel']
+           'write_table', 'read_results', 'eval_variants', 'PYDOC_GLOB', 'TEXTS', 'kjv_text', 'pydoc_text', 'eval_text',
+           'text_windows', 'codec_opts', 'KVVariant', 'kv_state', 'HFTokenizer', 'HFModel']
 
 # %% ../nbs/50_quality.ipynb #e877180f
 @dataclass(slots=True)
@@ -367,6 +367,20 @@ def write_table(rows:list, # `summarize` output
     md.write_text(table_markdown(rows) + "\n\n" + notes + "\n")
     js.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1, default=str) + "\n")
     return md, js
+
+# %% ../nbs/50_quality.ipynb #59f48ad8
+_SAVED_ITEM = re.compile(r"\+([kv]\d+):(?=[A-Za-z0-9_.-]+(?:\+|$))")     # '+k5:tbq3' in a name saved before #29
+_NAME = re.compile(r"[A-Za-z0-9_.-]+(?:\+[A-Za-z0-9_.:=-]+)+")            # a variant name with options
+
+def _today(x):
+    "`x` (any JSON value) with every variant name in today's spelling."
+    if isinstance(x, str): return _SAVED_ITEM.sub(r"+\1=", x) if _NAME.fullmatch(x) else x
+    if isinstance(x, dict): return {_today(k): _today(v) for k, v in x.items()}
+    return [_today(v) for v in x] if isinstance(x, list) else x
+
+def read_results(path:str|Path): # a JSON file in nbs/results/
+    "A saved results file, its variant names in today's spelling ('+k5:tbq3' written before issue 29: '+k5=tbq3')."
+    return _today(json.loads(Path(path).read_text()))
 
 # %% ../nbs/50_quality.ipynb #07192d07
 def eval_variants(formats:str, # comma-separated format names

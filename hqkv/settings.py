@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Mapping
 import torch
 from .codec import codec_class
-from .sizing import parse_budget, key_format_items
+from .sizing import parse_budget, parse_layer_formats, layer_formats_str
 from .backends import ATTN_BACKENDS
 from .scheduler import POLICIES
 from .models.weights import WEIGHTS
@@ -145,11 +145,12 @@ class _Checks:
                              "from `hqkv calibrate`)")
         for n in ("key_formats", "value_formats"):
             x = getattr(self, n)
-            # a TOML table
-            if isinstance(x, Mapping): x = ",".join(f"{l}={f}" for l, f in x.items()); setattr(self, n, x)
-            if not isinstance(x, str): raise TypeError(f"{n} must be a string like '5=tbq3,11=tbq3', got {x!r}")
-            # syntax and format names now; layer ids when the pool is built
-            for _, f in key_format_items(x): codec_class(f)
+            if not isinstance(x, (str, Mapping)):
+                raise TypeError(f"{n} must be a string like '5=tbq3,11=tbq3' or a table, got {x!r}")
+            # the grammar and the format names now (a TOML table too), kept as the one writer's string; layer ids
+            # when the pool is built
+            try: setattr(self, n, layer_formats_str(parse_layer_formats(x, what=n.split("_")[0])))
+            except ValueError as e: raise ValueError(f"kv.{n}: {e}") from None
         if self.bit_plan not in ("auto", "off"):
             raise ValueError(f"kv.bit_plan must be 'auto' or 'off', got {self.bit_plan!r}")
         if self.attn is not None and self.attn not in ATTN_BACKENDS:

@@ -8,14 +8,16 @@ Docs: https://hqkv.github.io/hqkv/sizing.html.md"""
 from __future__ import annotations
 import dataclasses, math, re
 from dataclasses import dataclass
+from collections.abc import Mapping
 from fractions import Fraction
 from fastcore.basics import patch
 from .codec import codec_class, list_codecs
 
 # %% auto #0
-__all__ = ['WINDOW_BYTES_PER_VALUE', 'GEOMETRIES', 'BUDGET_FORMS', 'fmt_bytes', 'Geometry', 'gdn_state_bytes', 'get_geometry',
-           'Rate', 'format_name', 'row_bytes', 'kv_formats', 'key_format_items', 'parse_key_formats', 'key_formats_str',
-           'CacheLayout', 'bytes_per_token', 'Budget', 'parse_budget', 'Plan', 'lane_pages', 'plan', 'lanes_bytes']
+__all__ = ['WINDOW_BYTES_PER_VALUE', 'GEOMETRIES', 'LAYER_FORMATS_FORM', 'BUDGET_FORMS', 'fmt_bytes', 'Geometry',
+           'gdn_state_bytes', 'get_geometry', 'Rate', 'row_bytes', 'kv_formats', 'parse_layer_formats',
+           'layer_formats_str', 'CacheLayout', 'bytes_per_token', 'Budget', 'parse_budget', 'Plan', 'lane_pages',
+           'plan', 'lanes_bytes']
 
 # %% ../nbs/00_sizing.ipynb #705df110
 def fmt_bytes(n:int,              # a byte count
@@ -181,10 +183,6 @@ class Rate:
     def __str__(self): return self.name or f"{self.nbytes}B/{self.values}"
 
 # %% ../nbs/00_sizing.ipynb #3e92628b
-def format_name(fmt) -> str:
-    "The name tables and plan lines show for `fmt` (a registry name or a `Rate`)."
-    return str(fmt)
-
 def row_bytes(fmt,          # a registered format name ("hq-e8-2b") or a `Rate`
               head_dim:int, # values per head vector
              ) -> int:
@@ -192,8 +190,7 @@ def row_bytes(fmt,          # a registered format name ("hq-e8-2b") or a `Rate`
     _check_int("head_dim", head_dim, 1)
     if isinstance(fmt, Rate): return fmt.row_bytes_for(head_dim)
     if not isinstance(fmt, str): raise TypeError(f"a KV format is a name or a Rate, got {type(fmt).__name__}")
-    cls = codec_class(fmt)  # unknown name -> ValueError listing the supported ones
-    # a size the format does not read: ValueError naming the ones it does
+    cls = codec_class(fmt)  # unknown name (or a size the format does not read): ValueError listing the supported ones
     return cls.row_bytes_for(cls.check_head_dim(head_dim))
 
 # %% ../nbs/00_sizing.ipynb #23ca2209
@@ -204,48 +201,56 @@ def kv_formats(head_dim:int|None=None) -> list[str]:
     return sorted(names, key=lambda n: (-codec_class(n).row_bytes_for(head_dim or 256), n))
 
 # %% ../nbs/00_sizing.ipynb #c923f60d
-_KEY_FORMATS_FORM = "'LAYER=FORMAT[,LAYER=FORMAT...]' with model layer ids, e.g. '5=tbq3,11=tbq3'"
+LAYER_FORMATS_FORM = ("'LAYER=FORMAT[,LAYER=FORMAT...]' with model layer ids, e.g. '5=tbq3,11=tbq3'; where keys and "
+                      "values share one string, each item starts with k or v: 'k5=tbq3,v17=tbq2'")
+_ITEM = re.compile(r"\s*(L?)([kv]?)(L?)(\d+)\s*([=:])\s*([A-Za-z0-9_.-]+)\s*")
 
-def key_format_items(spec) -> list:
-    "The (layer, format) pairs of a {layer: format} dict, pairs, or a 'LAYER=FORMAT,...' string (not checked)."
-    if spec is None or (isinstance(spec, (str, dict, tuple, list)) and not spec): return []
-    if isinstance(spec, str):
-        items = []
-        for part in spec.split(","):
-            m = re.fullmatch(r"\s*L?(\d+)\s*[=:]\s*([A-Za-z0-9_.-]+)\s*", part)
-            if not m: raise ValueError(f"cannot read key formats {spec!r}: expected {_KEY_FORMATS_FORM}")
-            items.append((int(m.group(1)), m.group(2)))
-        return items
-    if isinstance(spec, dict): return list(spec.items())
-    if isinstance(spec, (tuple, list)) and all(isinstance(x, (tuple, list)) and len(x) == 2 for x in spec):
-        return [tuple(x) for x in spec]
-    raise TypeError(f"key formats must be a dict {{layer: format}}, pairs or a string "
-                    f"{_KEY_FORMATS_FORM}; got {spec!r}")
+def _item(part:str, kv:bool) -> tuple:
+    "(k, v or '', layer, format) of one item; an earlier spelling or a missing (extra) k/v: ValueError with the fix."
+    m = _ITEM.fullmatch(part)
+    if not m: raise ValueError(f"cannot read per-layer format {part.strip()!r}: expected {LAYER_FORMATS_FORM}")
+    l1, side, l2, layer, sep, fmt = m.groups()
+    if kv and not side: fix = f"'k{layer}={fmt}' (its keys) or 'v{layer}={fmt}' (its values)"
+    elif side and not kv: fix = f"'{layer}={fmt}' (keys and values have a setting each here)"
+    elif l1 or l2 or sep != "=": fix = f"'{side}{layer}={fmt}'"
+    else: return side, int(layer), fmt
+    raise ValueError(f"per-layer format {part.strip()!r}: write {fix}; the form is {LAYER_FORMATS_FORM}")
 
 # %% ../nbs/00_sizing.ipynb #618a7972
-def parse_key_formats(spec,             # {layer: format}, 'LAYER=FORMAT,...', pairs, or None/'' for none
-                      layer_ids:tuple,  # model layer ids that may carry a key format (the attention layers)
-                      head_dim:int,     # every format must support it
-                      kv_format=None,   # the cache's own format: entries equal to it are dropped
-                      owner:str="the model", # how messages name the model
-                      what:str="key", # 'key' or 'value': which rows the formats are for (messages name it)
-                     ) -> tuple:
-    "Checked per-layer key (or value) formats as sorted (model layer id, format) pairs."
-    ids, out = tuple(layer_ids), {}
-    for layer, fmt in key_format_items(spec):
-        if isinstance(layer, bool) or not isinstance(layer, int) or layer not in ids:
-            raise ValueError(f"{what} format for layer {layer!r}: {owner}'s attention layers (model layer "
-                             f"ids) are {list(ids)}")
-        if not isinstance(fmt, str):
-            raise TypeError(f"{what} format of layer {layer} must be a format name, got {fmt!r}")
-        if layer in out: raise ValueError(f"layer {layer} is given two {what} formats ({out[layer]}, {fmt})")
-        row_bytes(fmt, head_dim)   # an unknown format, or one without this head_dim: ValueError
-        out[layer] = fmt
-    return tuple(sorted((l, f) for l, f in out.items() if f != kv_format))
+def parse_layer_formats(spec, # 'LAYER=FORMAT,...', {layer: format}, pairs, or None/'' for none
+                        kv:bool=False, # a string whose items start with k or v ('k5=tbq3,v17=tbq2')
+                        what:str="key", # the rows a plain list is for: 'key' or 'value' (messages name it)
+                       ) -> tuple: # sorted (layer, format) pairs; with `kv`, (key pairs, value pairs)
+    "The one reader of per-layer formats: each layer an int >= 0 given once, each format a registered one."
+    if spec is None or (isinstance(spec, (str, Mapping, tuple, list)) and not spec): items = []
+    elif isinstance(spec, str): items = [_item(p, kv) for p in spec.split(",")]
+    elif not kv and isinstance(spec, Mapping):     # a TOML table's keys are strings: '5' is layer 5
+        items = [("", int(l) if isinstance(l, str) and l.isdigit() else l, f) for l, f in spec.items()]
+    elif not kv and isinstance(spec, (tuple, list)) and all(isinstance(x, (tuple, list)) and len(x) == 2 for x in spec):
+        items = [("", l, f) for l, f in spec]
+    else: raise TypeError(f"{'key and value' if kv else what} formats must be a string {LAYER_FORMATS_FORM}"
+                          + ("" if kv else ", a {layer: format} table or pairs") + f"; got {spec!r}")
+    out = {"k": {}, "v": {}}
+    for side, layer, fmt in items:
+        side = side or what[0]; name = f"{side if kv else ''}{layer}={fmt}"
+        if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
+            raise ValueError(f"per-layer format {name!r}: a layer is a model layer id, an int >= 0")
+        if not isinstance(fmt, str) or fmt.startswith("_") or fmt not in list_codecs():
+            raise ValueError(f"per-layer format {name!r}: unknown format {fmt!r}; supported formats: "
+                             f"{', '.join(n for n in list_codecs() if not n.startswith('_'))}")
+        if layer in out[side]:
+            raise ValueError(f"layer {layer} is given two {'key' if side == 'k' else 'value'} formats "
+                             f"({out[side][layer]}, {fmt})")
+        out[side][layer] = fmt
+    k, v = (tuple(sorted(out[s].items())) for s in "kv")
+    return (k, v) if kv else k if what[0] == "k" else v
 
-def key_formats_str(pairs:tuple) -> str:
-    "How plan lines and names show per-layer key formats: '5:tbq3,11:tbq3' ('' for none)."
-    return ",".join(f"{l}:{f}" for l, f in pairs)
+def layer_formats_str(key_formats, # (layer, format) pairs: of the keys, or of the one kind of rows a setting is for
+                      value_formats=None, # (layer, format) pairs of the values: keys and values in one string
+                     ) -> str:
+    "The one writer: '5=tbq3,11=tbq3' for one kind of rows, 'k5=tbq3,v17=tbq2' for both ('' for none)."
+    if value_formats is None: return ",".join(f"{l}={f}" for l, f in key_formats)
+    return ",".join([f"k{l}={f}" for l, f in key_formats] + [f"v{l}={f}" for l, f in value_formats])
 
 # %% ../nbs/00_sizing.ipynb #000121e7
 @dataclass(frozen=True)
@@ -264,21 +269,24 @@ class CacheLayout:
            key_formats=None, value_formats=None, # {layer: format}, 'LAYER=FORMAT,...', pairs, or None/'' for none
            owner:str="the model") -> CacheLayout: # how messages name the model
         "Read per-layer overrides, checked against the layers and the head dim (unknown layer or format: ValueError)."
-        row_bytes(kv_format, head_dim)
-        kf = dict(parse_key_formats(key_formats, layers, head_dim, kv_format, owner))
-        vf = dict(parse_key_formats(value_formats, layers, head_dim, kv_format, owner, "value"))
-        return cls(kv_format, tuple(layers), head_dim, tuple(kf.get(l, kv_format) for l in layers),
-                   tuple(vf.get(l, kv_format) for l in layers))
+        row_bytes(kv_format, head_dim); layers, fs = tuple(layers), []
+        for spec, what in ((key_formats, "key"), (value_formats, "value")):
+            pairs = parse_layer_formats(spec, what=what)   # the grammar, known formats, each layer once
+            for l, f in pairs:
+                if l not in layers:
+                    raise ValueError(f"{what} format for layer {l}: {owner}'s attention layers (model layer ids) "
+                                     f"are {list(layers)}")
+                row_bytes(f, head_dim)                            # a format without this head_dim: ValueError
+            fs.append(dict(pairs))
+        return cls(kv_format, layers, head_dim, *(tuple(d.get(l, kv_format) for l in layers) for d in fs))
     @classmethod
     def for_geometry(cls, geometry, kv_format, key_formats=None, value_formats=None) -> CacheLayout:
         "The layout of a `Geometry` (or preset name)'s attention layers."
-        g = get_geometry(geometry)
-        return cls.of(g.attn_ids, g.head_dim, kv_format, key_formats, value_formats, g.name)
+        g = get_geometry(geometry); return cls.of(g.attn_ids, g.head_dim, kv_format, key_formats, value_formats, g.name)
 
     def _over(self, fs) -> tuple: return tuple((l, f) for l, f in zip(self.layers, fs) if f != self.kv_format)
     @property
-    # (layer, format) pairs of the keys not in kv_format
-    def key_formats(self) -> tuple: return self._over(self.k_formats)
+    def key_formats(self) -> tuple: return self._over(self.k_formats)      # (layer, format) keys not in kv_format
     @property
     def value_formats(self) -> tuple: return self._over(self.v_formats)    # ... and of the values
     @property
@@ -288,17 +296,13 @@ class CacheLayout:
         return tuple((row_bytes(k, self.head_dim), row_bytes(v, self.head_dim))
                      for k, v in zip(self.k_formats, self.v_formats))
     def bytes_per_token(self, kv_heads:int) -> int: return kv_heads * sum(a + b for a, b in self.row_bytes())
-    def describe(self) -> str:
-        "The overrides as plan lines show them: ' key_formats=5:tbq3,11:tbq3 value_formats=17:tbq2' ('': one format)."
-        return ((f" key_formats={key_formats_str(self.key_formats)}" if self.key_formats else "") +
-                (f" value_formats={key_formats_str(self.value_formats)}" if self.value_formats else ""))
+    def describe(self) -> str: # the overrides as plan lines show them: 'k5=tbq3,v17=tbq2' ('' for one format)
+        return layer_formats_str(self.key_formats, self.value_formats)
 
 # %% ../nbs/00_sizing.ipynb #2e6668c1
 def bytes_per_token(geometry:Geometry, # a `Geometry` or a preset name
                     fmt,               # a registered format name, a `Rate`, or a `CacheLayout` of the geometry
-                    # per-layer key formats ({layer: format}, 'LAYER=FORMAT,...'): those layers' keys in their own
-                    # format
-                    key_formats=None,
+                    key_formats=None,    # per-layer key formats ('LAYER=FORMAT,...', {layer: format}, pairs)
                     value_formats=None,  # per-layer value formats, the same way
                    ) -> int:
     "KV bytes one token adds to the pool: 2 x attention layers x KV heads x row bytes (per-layer formats if given)."
@@ -382,17 +386,14 @@ class Plan:
 
     def line(self) -> str:
         "The engine's load-time log line for this pool."
-        # as `CacheLayout.describe`
-        kf = (f" key_formats={key_formats_str(self.key_formats)}" if self.key_formats else "") + \
-             (f" value_formats={key_formats_str(self.value_formats)}" if self.value_formats else "")
-        return (f"hqkv.runtime.vram_plan kv_format={self.kv_format}{kf} page_bytes={self.page_bytes} "
-                f"kv_pool_pages={self.pages} kv_pool_tokens={self.tokens} kv_pool_bytes={self.bytes}")
+        kf = layer_formats_str(self.key_formats, self.value_formats)    # as `CacheLayout.describe`
+        return (f"hqkv.runtime.vram_plan kv_format={self.kv_format}{kf and ' layer_formats=' + kf} page_bytes="
+                f"{self.page_bytes} kv_pool_pages={self.pages} kv_pool_tokens={self.tokens} kv_pool_bytes={self.bytes}")
     def as_dict(self) -> dict:
         "Plain JSON-ready fields, plus the vram_plan line."
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "layout"}
         d["budget"] = {"amount": self.budget.amount, "unit": self.budget.unit}
-        d["key_formats"] = {str(l): f for l, f in self.key_formats}
-        d["value_formats"] = {str(l): f for l, f in self.value_formats}
+        d.update({n: {str(l): f for l, f in getattr(self, n)} for n in ("key_formats", "value_formats")})
         d["vram_plan"] = self.line()
         return d
 
@@ -426,7 +427,7 @@ def plan(geometry,                # a `Geometry` or a preset name
         lp = lane_pages(context, page_tokens)
         lane_bytes = lp * page_bytes + state
         lanes, pool_lanes = budget_bytes // lane_bytes, pages // lp
-    return Plan(g.name, format_name(kv_format), b, bpt * 8 / g.values_per_token, bpt, page_tokens, page_bytes,
+    return Plan(g.name, str(kv_format), b, bpt * 8 / g.values_per_token, bpt, page_tokens, page_bytes,
                 pages, pages * page_tokens, pages * page_bytes, state, context, lanes, pool_lanes, lane_bytes, kf, vf,
                 lay)
 

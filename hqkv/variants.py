@@ -11,25 +11,10 @@ from dataclasses import dataclass
 import torch
 from fastcore.basics import patch
 from .codec import list_codecs, asked_codec_opts
-from .sizing import CacheLayout, key_format_items
+from .sizing import CacheLayout, parse_layer_formats, layer_formats_str
 
 # %% auto #0
 __all__ = ['codec_opts', 'KVVariant', 'kv_state', 'HFTokenizer', 'HFModel']
-
-# %% ../nbs/50b_variants.ipynb #f404dd1e
-def _layer_formats(spec, kv_format:str, what:str)->tuple:
-    "Per-layer formats as sorted (model layer id, format) pairs, the variant's own format dropped."
-    # the model checks its layers when a state is built
-    out = {}
-    for layer, fmt in key_format_items(spec):
-        if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
-            raise ValueError(f"{what} format for layer {layer!r}: a layer is a model layer id (an int >= 0)")
-        if not isinstance(fmt, str) or fmt not in list_codecs():
-            raise ValueError(f"unknown {what} format {fmt!r} for layer {layer}; supported formats: "
-                             f"{', '.join(n for n in list_codecs() if not n.startswith('_'))}")
-        if layer in out: raise ValueError(f"layer {layer} is given two {what} formats ({out[layer]}, {fmt})")
-        out[layer] = fmt
-    return tuple(sorted((l, f) for l, f in out.items() if f != kv_format))
 
 # %% ../nbs/50b_variants.ipynb #603548cd
 @dataclass(slots=True, frozen=True)
@@ -47,9 +32,9 @@ class KVVariant:
         if not isinstance(self.kv_format, str) or self.kv_format not in list_codecs():
             raise ValueError(f"unknown KV format {self.kv_format!r}; supported formats: "
                              f"{', '.join(n for n in list_codecs() if not n.startswith('_'))}")
-        # sorted, own format dropped
-        object.__setattr__(self, "key_formats", _layer_formats(self.key_formats, self.kv_format, "key"))
-        object.__setattr__(self, "value_formats", _layer_formats(self.value_formats, self.kv_format, "value"))
+        for n in ("key_formats", "value_formats"):   # the one grammar, sorted, the variant's own format dropped
+            pairs = parse_layer_formats(getattr(self, n), what=n.split("_")[0])   # layers: the model checks them
+            object.__setattr__(self, n, tuple((l, f) for l, f in pairs if f != self.kv_format))
         for n in ("window", "key_profile"):
             if not isinstance(getattr(self, n), bool):
                 raise TypeError(f"KVVariant.{n} must be a bool, got {getattr(self, n)!r}")
@@ -61,32 +46,32 @@ class KVVariant:
             raise ValueError("KVVariant: window=True needs sinks or recent > 0")
     @property
     def name(self)->str:
-        "e.g. 'hq-e8-2b+profile+window', '+window:16:256' (a window other than 32 + 512), '+k5:tbq3' (a layer's keys)."
+        "e.g. 'hq-e8-2b+profile+window', '+window:16:256' (a window other than 32 + 512), '+k5=tbq3' (a layer's keys)."
         w = "" if not self.window else "+window" if (self.sinks, self.recent) == (32, 512) else \
             f"+window:{self.sinks}:{self.recent}"
         return (self.kv_format + ("+profile" if self.key_profile else "") + w
-                + "".join(f"+k{l}:{f}" for l, f in self.key_formats)
-                + "".join(f"+v{l}:{f}" for l, f in self.value_formats))
+                + "".join(f"+{x}" for x in layer_formats_str(self.key_formats, self.value_formats).split(",") if x))
     def __str__(self): return self.name
 
 # %% ../nbs/50b_variants.ipynb #198cc855
 @patch(cls_method=True)
 def parse(cls:KVVariant, spec:str)->KVVariant:
-    "Read a `name`: 'FORMAT[+profile][+window[:SINKS:RECENT]][+kLAYER:FORMAT ...]'."
-    form = "'FORMAT[+profile][+window[:SINKS:RECENT]][+kLAYER:FORMAT ...][+vLAYER:FORMAT ...]'"
+    "Read a `name`: 'FORMAT[+profile][+window[:SINKS:RECENT]][+kLAYER=FORMAT ...][+vLAYER=FORMAT ...]'."
+    form = "'FORMAT[+profile][+window[:SINKS:RECENT]][+kLAYER=FORMAT ...][+vLAYER=FORMAT ...]'"
     if not isinstance(spec, str) or not spec: raise ValueError(f"a variant is {form}, got {spec!r}")
     fmt, *opts = spec.split("+")
-    kw, keys, vals = {}, [], []
+    kw, layers = {}, []
     for o in opts:
         m = re.fullmatch(r"window(?::(\d+):(\d+))?", o)
-        mk = re.fullmatch(r"([kv])(\d+):([A-Za-z0-9_.-]+)", o)
         if o == "profile" and "key_profile" not in kw: kw["key_profile"] = True
         elif m and "window" not in kw:
             kw["window"] = True
             if m.group(1): kw["sinks"], kw["recent"] = int(m.group(1)), int(m.group(2))
-        elif mk: (keys if mk.group(1) == "k" else vals).append((int(mk.group(2)), mk.group(3)))
+        elif re.match(r"[kvL]*\d", o): layers.append(o)     # a layer's keys or values: `hqkv.sizing`'s one grammar
         else: raise ValueError(f"bad option {o!r} in variant {spec!r}: use {form}")
-    return cls(fmt, **kw, key_formats=tuple(keys), value_formats=tuple(vals))
+    try: kf, vf = parse_layer_formats(",".join(layers), kv=True)
+    except ValueError as e: raise ValueError(f"variant {spec!r}: {e}; a variant is {form}") from None
+    return cls(fmt, **kw, key_formats=kf, value_formats=vf)
 
 @patch
 def layout(self:KVVariant, layers:tuple, head_dim:int, owner:str="the model")->CacheLayout:

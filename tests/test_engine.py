@@ -39,12 +39,13 @@ def test_generate_key_formats_from_config_file(tmp_path):
     j = json.loads(r.stdout)
     assert j["config"]["kv.key_formats"] == "5=tbq3,11=tbq3" and j["sources"]["kv.key_formats"].startswith("file ")
     assert j["plan"]["bytes_per_token"] == 488 and j["plan"]["key_formats"] == {"5": "tbq3", "11": "tbq3"}
-    assert j["plan"]["vram_plan"].startswith("hqkv.runtime.vram_plan kv_format=hq-e8-2b key_formats=5:tbq3,11:tbq3 ") and len(j["tokens"]) == 2
+    assert j["plan"]["vram_plan"].startswith("hqkv.runtime.vram_plan kv_format=hq-e8-2b layer_formats=k5=tbq3,k11=tbq3 ") and len(j["tokens"]) == 2
 
 @pytest.mark.parametrize("args, msg", [
     (["generate", "", "--format", "bf16", "--budget", "1Ktok", "--context", "256"], "empty prompt"),
     (["generate", "hi", "--format", "tbq5", "--budget", "1Ktok", "--context", "256"], "unknown KV format 'tbq5'"),
     (["generate", "hi", "--key-formats", "4=tbq3", "--budget", "1Ktok", "--context", "256"], "attention layers (model layer ids) are [5, 11, 17]"),
+    (["generate", "hi", "--key-formats", "5:tbq3", "--budget", "1Ktok", "--context", "256"], "kv.key_formats: per-layer format '5:tbq3': write '5=tbq3'"),
 ])
 def test_generate_errors(args, msg):
     r = hqkv(*args)
