@@ -300,10 +300,14 @@ static inline __m256 exp256(__m256 x) {      // Cephes-style expf for x <= 0 (sc
 }
 static void softmax(float* s, int n, int G, float* m, float* l, float* acc, int64_t D) {
     for (int g = 0; g < G; ++g) {
-        float* sg = s + g * BLK; float mb = sg[0];
-        for (int i = 1; i < n; ++i) mb = sg[i] > mb ? sg[i] : mb;
+        float* sg = s + g * BLK; float mb = sg[0]; int i = 0;
+        __m256 vmax = _mm256_set1_ps(-INFINITY);          // the block's max: 8 lanes, then the tail (gcc keeps the scalar loop)
+        for (; i + 8 <= n; i += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(sg + i));
+        alignas(32) float t8[8]; _mm256_store_ps(t8, vmax);
+        for (int k = 0; k < 8; ++k) mb = t8[k] > mb ? t8[k] : mb;
+        for (; i < n; ++i) mb = sg[i] > mb ? sg[i] : mb;
         float mn = mb > m[g] ? mb : m[g], alpha = expf(m[g] - mn);
-        __m256 vm = _mm256_set1_ps(mn), vs = _mm256_setzero_ps(); int i = 0; float sum = 0;
+        __m256 vm = _mm256_set1_ps(mn), vs = _mm256_setzero_ps(); float sum = 0; i = 0;
         for (; i + 8 <= n; i += 8) { __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(sg + i), vm)); _mm256_storeu_ps(sg + i, e); vs = _mm256_add_ps(vs, e); }
         for (; i < n; ++i) { sg[i] = expf(sg[i] - mn); sum += sg[i]; }
         l[g] = l[g] * alpha + sum + hsum(vs); m[g] = mn;
@@ -353,9 +357,58 @@ static inline __m256i codes4(const uint8_t* p) {   // 4 codewords -> 32 int8 val
     return _mm256_i64gather_epi64((const long long*)E8_INT8, _mm256_cvtepu16_epi64(_mm_loadl_epi64((const __m128i*)p)), 8);
 }
 
+// the rows' quarter scales as floats, sc[q * BLK + i] (row i, quarter q): eight rows' 8-byte scale words by one gather, their
+// bf16 reordered by quarter with one word permute, widened to float (rows past n repeat the last one)
+static inline void scales(const uint8_t* base, int64_t stride, int n, const Fmt& f, float* sc) {
+    alignas(64) static const uint16_t by_quarter[32] = {0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29,
+                                                        2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31};
+    const __m512i perm = _mm512_load_si512(by_quarter);
+    const __m512i step = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7), last = _mm512_set1_epi64(n - 1);
+    for (int i0 = 0; i0 < n; i0 += 8) {
+        const __m512i rows = _mm512_min_epi64(_mm512_add_epi64(_mm512_set1_epi64(i0), step), last);
+        const __m512i w = _mm512_permutexvar_epi16(perm, _mm512_i64gather_epi64(_mm512_mullo_epi64(rows, _mm512_set1_epi64(stride)),
+                                                                                 (const long long*)(base + f.D / 4), 1));
+        for (int q = 0; q < 4; ++q) {
+            const __m256i x = _mm256_cvtepu16_epi32(_mm512_extracti32x4_epi32(w, q));
+            _mm256_storeu_ps(sc + q * BLK + i0, _mm256_castsi256_ps(_mm256_slli_epi32(x, 16)));
+        }
+    }
+}
+
+// D = 64 (one chunk): four rows at a time. Each 128-bit lane of a row's vpdpbusd sums is one quarter, so its 4 int32 are
+// added exactly in int32 and four rows are transposed into one vector (lane q: the 4 rows' sums over quarter q), which the
+// rows' quarter scales multiply before the quarters are added: no float reduction tree per row and head
+template<int G> static void score64(const Fmt& f, const uint8_t* base, int64_t stride, int n, const uint8_t* qu, const float* qscale,
+                                    float* s) {
+    alignas(64) float sc[4 * BLK + 8];           // sc[q * BLK + i]: row i's quarter-q scale
+    scales(base, stride, n, f, sc);
+    const __m512i zero = _mm512_setzero_si512(), ones = _mm512_set1_epi8(1);
+    for (int i0 = 0; i0 < n; i0 += 4) {
+        __m512i k[4], kc[4];
+        for (int r = 0; r < 4; ++r) {             // rows past n repeat the last one (their sums are never read)
+            k[r] = codes8(base + std::min(i0 + r, n - 1) * stride);
+            kc[r] = _mm512_sub_epi32(zero, _mm512_slli_epi32(_mm512_dpbusd_epi32(zero, ones, k[r]), 7));   // -128 sum(k) per lane
+        }
+        __m512 scv = _mm512_castps128_ps512(_mm_loadu_ps(sc + i0));
+        for (int q = 1; q < 4; ++q) scv = _mm512_insertf32x4(scv, _mm_loadu_ps(sc + q * BLK + i0), q);
+        for (int g = 0; g < G; ++g) {
+            const __m512i qv = _mm512_loadu_si512(qu + 64 * g);
+            __m512i d[4];
+            for (int r = 0; r < 4; ++r) d[r] = _mm512_dpbusd_epi32(kc[r], qv, k[r]);
+            const __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(d[0], d[1]), _mm512_unpackhi_epi32(d[0], d[1]));
+            const __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(d[2], d[3]), _mm512_unpackhi_epi32(d[2], d[3]));
+            const __m512i t = _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
+            const __m256 h = fold(_mm512_mul_ps(_mm512_cvtepi32_ps(t), scv));
+            const __m128 x = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+            _mm_storeu_ps(s + g * BLK + i0, _mm_mul_ps(x, _mm_set1_ps(0.25f * qscale[g])));   // s has room past n
+        }
+    }
+}
+
 // s[g][i] = q_g . k_i for G heads (1, 2, 3, 4, 8), D a multiple of 64: RB = 8/G rows at a time (8 sums share one hadd tree)
 template<int G> static void score(const Fmt& f, const uint8_t* base, int64_t stride, int n, const uint8_t* qu, const float* qscale,
                                   const int32_t*, float* s, float* sc) {
+    if (f.D == 64) return score64<G>(f, base, stride, n, qu, qscale, s);
     constexpr int RB = 8 / G;
     const int CH = (int)(f.D / 64);
     avx::E8::prep(base, stride, n, f, sc);
@@ -383,27 +436,38 @@ template<int G> static void score(const Fmt& f, const uint8_t* base, int64_t str
     }
 }
 
-// acc[g] += sum_i p[g][i] v_i, D a multiple of 64: 32 values (4 codewords) at a time for all rows, the G x 2 accumulators in
-// registers; each 16 values share a quarter, whose scale is folded into the row's weights once (w[i][quarter][g])
-template<int G> static void accum(const Fmt& f, const uint8_t* base, int64_t stride, int n, const float* p, float* acc, float* sc) {
-    avx::E8::prep(base, stride, n, f, sc);
-    alignas(64) float w[BLK * 4 * G];
-    for (int i = 0; i < n; ++i) for (int q = 0; q < 4; ++q) for (int g = 0; g < G; ++g) w[(4 * i + q) * G + g] = 0.25f * p[g * BLK + i] * sc[4 * i + q];
-    for (int c = 0; c < (int)(f.D / 32); ++c) {
-        const int q0 = f.blk[4 * c] * G, q1 = f.blk[4 * c + 2] * G;    // the quarters of values 0-15 and 16-31
-        __m512 a[G][2];
-        for (int g = 0; g < G; ++g) { a[g][0] = _mm512_loadu_ps(acc + g * f.D + 32 * c); a[g][1] = _mm512_loadu_ps(acc + g * f.D + 32 * c + 16); }
-        for (int i = 0; i < n; ++i) {
-            const __m256i v = codes4(base + i * stride + 8 * c);
-            const __m512 v0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(v)));
-            const __m512 v1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(v, 1)));
-            const float* wi = w + 4 * G * i;
-            for (int g = 0; g < G; ++g) {
-                a[g][0] = _mm512_fmadd_ps(_mm512_set1_ps(wi[q0 + g]), v0, a[g][0]);
-                a[g][1] = _mm512_fmadd_ps(_mm512_set1_ps(wi[q1 + g]), v1, a[g][1]);
+// acc[g] += sum_i p[g][i] v_i, D a multiple of 64: W values at a time for all rows (64: 8 codewords, one gather, when G <= 4;
+// else 32), the G x W/16 accumulators in registers. Each 16 values share a quarter, whose scale is folded into the row's
+// weights once: w[quarter][g][i] = p[g][i] sc[quarter][i] / 4, vector products over the block's rows
+template<int G> static void accum(const Fmt& f, const uint8_t* base, int64_t stride, int n, const float* p, float* acc, float*) {
+    constexpr int W = G <= 4 ? 64 : 32, NV = W / 16;
+    alignas(64) float sc[4 * BLK + 8], w[4 * G * BLK];
+    scales(base, stride, n, f, sc);
+    for (int q = 0; q < 4; ++q)
+        for (int g = 0; g < G; ++g)
+            for (int i = 0; i < n; i += 16) {   // rows past n: computed from stale scores, never read
+                const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(p + g * BLK + i), _mm512_load_ps(sc + q * BLK + i));
+                _mm512_store_ps(w + (q * G + g) * BLK + i, _mm512_mul_ps(x, _mm512_set1_ps(0.25f)));
             }
+    for (int c = 0; c < (int)(f.D / W); ++c) {
+        const float* wq[NV];                      // the quarter of each 16 values of the pass
+        for (int k = 0; k < NV; ++k) wq[k] = w + f.blk[(W * c + 16 * k) / 8] * G * BLK;
+        __m512 a[G][NV];
+        for (int g = 0; g < G; ++g) for (int k = 0; k < NV; ++k) a[g][k] = _mm512_loadu_ps(acc + g * f.D + W * c + 16 * k);
+        for (int i = 0; i < n; ++i) {
+            __m512 v[NV];
+            if (W == 64) {
+                const __m512i x = codes8(base + i * stride + 16 * c);
+                for (int k = 0; k < NV; ++k) v[k] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(x, k)));
+            } else {
+                const __m256i x = codes4(base + i * stride + 8 * c);
+                v[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(x)));
+                v[NV - 1] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(x, 1)));
+            }
+            for (int g = 0; g < G; ++g)
+                for (int k = 0; k < NV; ++k) a[g][k] = _mm512_fmadd_ps(_mm512_set1_ps(wq[k][g * BLK + i]), v[k], a[g][k]);
         }
-        for (int g = 0; g < G; ++g) { _mm512_storeu_ps(acc + g * f.D + 32 * c, a[g][0]); _mm512_storeu_ps(acc + g * f.D + 32 * c + 16, a[g][1]); }
+        for (int g = 0; g < G; ++g) for (int k = 0; k < NV; ++k) _mm512_storeu_ps(acc + g * f.D + W * c + 16 * k, a[g][k]);
     }
 }
 }  // namespace v512
