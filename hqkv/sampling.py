@@ -44,11 +44,13 @@ def sample(logits:Tensor, # float [V]: one sequence's next-token logits
            generator:torch.Generator|None=None, # the request's generator (CPU)
           ) -> int:
     "The next token id under `params` (logits shifted by their max first: a temperature of 1e-40 is greedy, not NaN)."
-    x = logits.detach().double().cpu()
-    if not bool(torch.isfinite(x).all()):
+    x = logits.detach().cpu()
+    x = x if params.greedy else x.double()              # greedy reads the logits as they are (argmax is exact in any dtype)
+    hi, i = torch.max(x, 0)                              # one pass: the first of equal maxima (argmax's), NaN propagates
+    if not (math.isfinite(float(hi)) and math.isfinite(float(x.min()))):
         raise ValueError("the model's logits are not finite (NaN or Inf): no token can be sampled")
-    if params.greedy: return int(x.argmax())
-    p = torch.softmax((x - x.max()) / params.temperature, -1)
+    if params.greedy: return int(i)
+    p = torch.softmax((x - hi) / params.temperature, -1)
     if params.top_p < 1:
         p, idx = p.sort(descending=True)
         p[(p.cumsum(0) - p) >= params.top_p] = 0          # the first token always stays
