@@ -325,6 +325,7 @@ static void softmax(float* s, int n, int G, float* m, float* l, float* acc, int6
 // per 64 values and head applies each lane's quarter scale. Values: the int8 rows are widened to float and accumulated with
 // weights p * scale / 4 (each 16 values share a quarter). As in ggml's IQ2 dots, no value goes through a float lookup table.
 alignas(64) static uint64_t E8_INT8[65536];   // codeword -> 8 x int8: 4x its 8 values (hqkv.codec.e8 `grid4`, copied once)
+alignas(64) static uint64_t E8_ABS4[256];     // pattern -> 8 x int8: 4 |pattern|, coordinate 0 negated by its parity (from E8_INT8)
 
 // the G heads' int8 queries of one (sequence, KV head), for both integer paths: q [G, D] float -> r = round(q / scale), scale [G]
 // (max |q| / 127), qf [G, D] = r * scale, the query the window's exact rows are scored with (every key sees the same query), and
@@ -350,11 +351,28 @@ static void quantize(const float* q, int64_t G, int64_t D, int off, uint8_t* qu,
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
 namespace v512 {
 static inline __m256 fold(__m512 a) { return _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1)); }
-static inline __m512i codes8(const uint8_t* p) {   // 8 codewords -> 64 int8 values
-    return _mm512_i64gather_epi64(_mm512_cvtepu16_epi64(_mm_loadu_si128((const __m128i*)p)), (const long long*)E8_INT8, 8);
+// 8 codewords -> 64 int8 values without the 512 KiB table: the pattern (high byte) from a 256-entry table of 4|pattern|
+// (2 KiB, stays in L1; the big table is evicted by the weights between layers, and its gathers then missed L2 in the
+// engine), the low byte's signs as a byte mask (coordinate 0: the parity of the other seven) and its shift as +-1
+static inline __m512i codes8(const uint8_t* p) {
+    const __m128i w = _mm_loadu_si128((const __m128i*)p);
+    const __m512i P = _mm512_i64gather_epi64(_mm512_cvtepu16_epi64(_mm_srli_epi16(w, 8)), (const long long*)E8_ABS4, 8);
+    const uint64_t lo = (uint64_t)_mm_cvtsi128_si64(_mm_cvtepi16_epi8(w)), odd = 0x0101010101010101ull;
+    uint64_t t = lo & ~odd; const uint64_t signs = t;
+    t ^= t >> 4; t ^= t >> 2; t ^= t >> 1;          // bit 0 of each byte: the parity of its bits 1..7
+    const __m512i v = _mm512_mask_sub_epi8(P, (__mmask64)(signs | (t & odd)), _mm512_setzero_si512(), P);
+    return _mm512_mask_add_epi8(_mm512_sub_epi8(v, _mm512_set1_epi8(1)), (__mmask64)((lo & odd) * 0xFF),
+                                _mm512_sub_epi8(v, _mm512_set1_epi8(1)), _mm512_set1_epi8(2));
 }
-static inline __m256i codes4(const uint8_t* p) {   // 4 codewords -> 32 int8 values
-    return _mm256_i64gather_epi64((const long long*)E8_INT8, _mm256_cvtepu16_epi64(_mm_loadl_epi64((const __m128i*)p)), 8);
+static inline __m256i codes4(const uint8_t* p) {   // 4 codewords -> 32 int8 values, as codes8
+    const __m128i w = _mm_loadl_epi64((const __m128i*)p);
+    const __m256i P = _mm256_i64gather_epi64((const long long*)E8_ABS4, _mm256_cvtepu16_epi64(_mm_srli_epi16(w, 8)), 8);
+    const uint32_t lo = (uint32_t)_mm_cvtsi128_si32(_mm_cvtepi16_epi8(w)), odd = 0x01010101u;
+    uint32_t t = lo & ~odd; const uint32_t signs = t;
+    t ^= t >> 4; t ^= t >> 2; t ^= t >> 1;
+    const __m256i v = _mm256_mask_sub_epi8(P, (__mmask32)(signs | (t & odd)), _mm256_setzero_si256(), P);
+    return _mm256_mask_add_epi8(_mm256_sub_epi8(v, _mm256_set1_epi8(1)), (__mmask32)((lo & odd) * 0xFF),
+                                _mm256_sub_epi8(v, _mm256_set1_epi8(1)), _mm256_set1_epi8(2));
 }
 
 // the rows' quarter scales as floats, sc[q * BLK + i] (row i, quarter q): eight rows' 8-byte scale words by one gather, their
@@ -601,7 +619,14 @@ template<class F> static void fill(int kind) {
 }
 static int g_isa = -1;                        // hqkv_cpu_isa's numbers; 2, 3, 4: hq-e8-2b rows as int8 (v512, v2, v2vnni), AVX2 for the rest
 
-extern "C" void hqkv_cpu_e8_init(const int8_t* grid4) { memcpy(E8_INT8, grid4, sizeof E8_INT8); }   // once, at load
+extern "C" void hqkv_cpu_e8_init(const int8_t* grid4) {   // once, at load
+    memcpy(E8_INT8, grid4, sizeof E8_INT8);
+    for (int p = 0; p < 256; ++p) {             // low byte 1: no sign set, shift +1/4 (x4: +1), so 4|pattern| = image - 1
+        int8_t b[8]; memcpy(b, &E8_INT8[(p << 8) | 1], 8);
+        for (int k = 0; k < 8; ++k) b[k] = (int8_t)(b[k] - 1);
+        memcpy(&E8_ABS4[p], b, 8);
+    }
+}
 extern "C" void hqkv_cpu_e8_int8(uint64_t* out) { memcpy(out, E8_INT8, sizeof E8_INT8); }   // the table (for tests)
 
 // want: -1 best available, 0 portable, 1 AVX2 (float), 2 AVX-512 VNNI, 3 AVX2 int8 (vpmaddubsw), 4 AVX-VNNI (-1: the CPU lacks it)
@@ -775,12 +800,18 @@ struct Fold {                                 // mirrored by hqkv.attention_cpu.
     float scale;                              // the softmax scale, when qm is null (qm has it folded in)
 };
 
-// y = x M (M [D, D] row-major) or y = s x (M null); the loops vectorize for the CPU at hand
+// y = x M (M [D, D] row-major) or y = s x (M null), D <= 512: accumulated in a local row (restrict: no aliasing, so the
+// j loop vectorizes; without it gcc kept a scalar loop that cost Qwen2.5's 32 maps a layer ~80 us), for the CPU at hand
 __attribute__((target_clones("avx512f", "avx2", "default")))
-static void map_row(const float* x, const float* M, float s, int64_t D, float* y) {
+static void map_row(const float* __restrict x, const float* __restrict M, float s, int64_t D, float* __restrict y) {
     if (!M) { for (int64_t j = 0; j < D; ++j) y[j] = s * x[j]; return; }
-    for (int64_t j = 0; j < D; ++j) y[j] = 0;
-    for (int64_t i = 0; i < D; ++i) { const float xi = x[i]; const float* r = M + i * D; for (int64_t j = 0; j < D; ++j) y[j] += xi * r[j]; }
+    alignas(64) float acc[512];
+    for (int64_t j = 0; j < D; ++j) acc[j] = 0;
+    for (int64_t i = 0; i < D; ++i) {
+        const float xi = x[i]; const float* __restrict r = M + i * D;
+        for (int64_t j = 0; j < D; ++j) acc[j] += xi * r[j];
+    }
+    for (int64_t j = 0; j < D; ++j) y[j] = acc[j];
 }
 static inline uint16_t f2bf(float f) {       // float -> bf16, round to nearest even (as torch's .to(bfloat16))
     uint32_t u; memcpy(&u, &f, 4);
