@@ -315,7 +315,8 @@ def run_folded(self:DecodePlan, q:Tensor, # float32 [B, H, G, D]: the model's qu
     f.q, f.k, f.v, f.G, f.out = q.data_ptr(), k.data_ptr(), v.data_ptr(), G, out.data_ptr()
     f.lanes, f.pos, f.lens = (None, None, None) if window is None else (lanes.data_ptr(), pos.data_ptr(),
                                                                           window.lens.data_ptr())
-    lib().hqkv_cpu_decode_folded(ctypes.byref(self._args[Gp]), ctypes.byref(f), self._work[Gp].data_ptr())
+    if lib().hqkv_cpu_decode_folded(ctypes.byref(self._args[Gp]), ctypes.byref(f), self._work[Gp].data_ptr()):
+        raise RuntimeError(f"hqkv_cpu_decode_folded refused head_dim {D} / {G} query heads a group (at most 512 / {Gp})")
     return out
 
 def _fold(m) -> _Fold:

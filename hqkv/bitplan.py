@@ -12,7 +12,7 @@ from .codec import get_codec, asked_codec_opts, list_codecs
 from .sizing import parse_layer_formats, layer_formats_str
 
 # %% auto #0
-__all__ = ['CANDIDATES', 'format_bits', 'parse_budget', 'BitPlan', 'choose_plan', 'bit_plan']
+__all__ = ['CANDIDATES', 'format_bits', 'parse_bit_budget', 'BitPlan', 'choose_plan', 'bit_plan']
 
 # %% ../nbs/14a_bitplan.ipynb #e3481283
 CANDIDATES = ("tbq2", "hq-e8-2b", "tbq3", "tbq4", "q8_0")   # the formats a plan chooses among by default
@@ -21,7 +21,7 @@ def format_bits(fmt:str, head_dim:int) -> float:
     "Bits per value of `fmt`'s row at `head_dim`, its metadata included."
     return get_codec(fmt, head_dim=head_dim, **asked_codec_opts(fmt)).row_bytes * 8 / head_dim
 
-def parse_budget(budget, # bits per value (2.5, '2.5') or bytes per token of the coded rows ('432B')
+def parse_bit_budget(budget, # bits per value (2.5, '2.5') or bytes per token of the coded rows ('432B')
                  # values one token adds over the coded rows: 2 x attention layers x KV heads x head_dim
                  values_per_token:int,
                 ) -> float: # bits per value

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 from .models.identity import ModelIdentity
-from .bitplan import CANDIDATES, BitPlan, bit_plan, format_bits, parse_budget, _row
+from .bitplan import CANDIDATES, BitPlan, bit_plan, format_bits, parse_bit_budget, _row
 from .keyprofile import MODES, KeyProfile
 from .codec import get_codec, asked_codec_opts
 
@@ -358,7 +358,7 @@ def calibrate_plan(model, windows:list, budget, # bits per value, or bytes per t
     "Measure every row's sensitivity on `windows` and choose the formats of least predicted KLD within `budget`."
     D, layers, how = model.geometry.head_dim, model.cfg.global_layers, _method(method)
     kvh = model.geometry.kv_heads
-    b = parse_budget(budget, 2 * len(layers) * kvh * D)
+    b = parse_bit_budget(budget, 2 * len(layers) * kvh * D)
     if format_bits(base, D) > b and min(format_bits(f, D) for f in candidates) > b:
         raise ValueError(f"a budget of {b:.3f} bits per value is below every candidate at head_dim {D}")
     if how == "proxy" and regime != "decode":

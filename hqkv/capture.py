@@ -59,7 +59,7 @@ def capture_kv(model, # a transformers causal LM (`LoadedLM.model`)
 
 # %% ../nbs/15a_capture.ipynb #285b0d05
 def make_fixture(path:str|Path=FIXTURE_PATH, # where to write the .pt file
-                 text:str="kjv", # a name in `hqkv.fixtures.TEXTS`
+                 text:str="kjv", # a name in `hqkv.fixtures.SHIPPED_TEXTS`
                  n_tokens:int=2048, # tokens captured from the start of the text (<bos> included)
                  q_stride:int=8, # keep the queries at positions q_stride-1, 2*q_stride-1, ...
                  dtype:torch.dtype=torch.float16, # storage dtype

@@ -328,9 +328,9 @@ def _calibrate_run(args) -> int:
     if args.chunk < 1: raise ValueError(f"--chunk must be >= 1, got {args.chunk}")
     if args.budget is None and args.plan_only: raise ValueError("--plan-only needs --budget")
     if args.budget is not None:
-        from hqkv.bitplan import parse_budget
+        from hqkv.bitplan import parse_bit_budget
         from hqkv.codec import codec_class
-        parse_budget(args.budget, 1)                                      # unreadable: fails before the model loads
+        parse_bit_budget(args.budget, 1)                                      # unreadable: fails before the model loads
         for f in [args.plan_format] + args.candidates.split(","): codec_class(f)
         if args.plan_windows < 1 or args.plan_context < 128:
             raise ValueError(f"--plan-windows must be >= 1 and --plan-context >= 128, got {args.plan_windows} and "

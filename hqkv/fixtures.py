@@ -13,17 +13,17 @@ from torch import Tensor
 import hqkv
 
 # %% auto #0
-__all__ = ['DATA_DIR', 'TEXTS', 'FIXTURE_PATH', 'load_text', 'kjv_from_bible', 'KVSample', 'load_fixture']
+__all__ = ['DATA_DIR', 'SHIPPED_TEXTS', 'FIXTURE_PATH', 'load_text', 'kjv_from_bible', 'KVSample', 'load_fixture']
 
 # %% ../nbs/05_fixtures.ipynb #3f75dd4d
 DATA_DIR = Path(hqkv.__file__).parent / "data"
-TEXTS = {"kjv": "kjv_excerpt.txt", "pydoc": "pydoc_excerpt.txt"}
+SHIPPED_TEXTS = {"kjv": "kjv_excerpt.txt", "pydoc": "pydoc_excerpt.txt"}
 FIXTURE_PATH = DATA_DIR / "gemma3_kv_fixture.pt"
 
 def load_text(name:str="kjv")->str: # "kjv" or "pydoc"
     "One of the shipped texts."
-    if name not in TEXTS: raise ValueError(f"unknown text {name!r}; available: {sorted(TEXTS)}")
-    return (DATA_DIR / TEXTS[name]).read_text(encoding="utf-8")
+    if name not in SHIPPED_TEXTS: raise ValueError(f"unknown text {name!r}; available: {sorted(SHIPPED_TEXTS)}")
+    return (DATA_DIR / SHIPPED_TEXTS[name]).read_text(encoding="utf-8")
 
 # %% ../nbs/05_fixtures.ipynb #f7e2709a
 _KJV_BOOKS = {"Ge": "Genesis", "Exo": "Exodus", "Lev": "Leviticus", "Num": "Numbers", "Deu": "Deuteronomy",
