@@ -34,6 +34,7 @@ def _engine(cfg:EngineConfig):
         if cfg.max_context > lm.max_position: cfg = dataclasses.replace(cfg, max_context=lm.max_position)
     return Engine(cfg)
 
+# %% ../nbs/42a_commands.ipynb #gen0split
 def _generate_setup(p:argparse.ArgumentParser):
     p.add_argument("prompt", nargs="?", help="the prompt text (or use --file)")
     p.add_argument("--file", help="read the prompt from a file ('-': stdin)")
