@@ -319,7 +319,8 @@ static void softmax(float* s, int n, int G, float* m, float* l, float* acc, int6
 
 // ---------------------------------------------------------------- AVX-512 VNNI path: hq-e8-2b rows as int8, integer key dots
 // 4x a coded value is an integer in -11..11 (|pattern| in {1/2, 3/2, 5/2}, shift +-1/4), so each 16-bit codeword has an exact
-// int8 image (hqkv.codec.e8 grid4, handed over once by hqkv_cpu_e8_init): 512 KiB, resident in L2; one gather turns 8 codewords into 64 int8 values.
+// int8 image (hqkv.codec.e8 grid4, handed over once by hqkv_cpu_e8_init): 512 KiB, which the AVX2 integer paths gather from; the
+// AVX-512 path builds the same values from a 2 KiB pattern table instead (codes8: the big one leaves L2 between layers).
 // Keys: the query is quantized once per call to int8 (one scale per head row) and offset to unsigned (q + 128); vpdpbusd sums
 // (q + 128) k four bytes at a time, and 128 sum(k) (the same for every head) is taken off once per 64 values; one float FMA
 // per 64 values and head applies each lane's quarter scale. Values: the int8 rows are widened to float and accumulated with
@@ -801,7 +802,7 @@ struct Fold {                                 // mirrored by hqkv.attention_cpu.
 };
 
 // y = x M (M [D, D] row-major) or y = s x (M null), D <= 512: accumulated in a local row (restrict: no aliasing, so the
-// j loop vectorizes; without it gcc kept a scalar loop that cost Qwen2.5's 32 maps a layer ~80 us), for the CPU at hand
+// j loop vectorizes), for the CPU at hand
 __attribute__((target_clones("avx512f", "avx2", "default")))
 static void map_row(const float* __restrict x, const float* __restrict M, float s, int64_t D, float* __restrict y) {
     if (!M) { for (int64_t j = 0; j < D; ++j) y[j] = s * x[j]; return; }
