@@ -6,6 +6,7 @@ Docs: https://hqkv.github.io/hqkv/hf.html.md"""
 
 # %% ../nbs/70_hf.ipynb #674ce1c7
 from __future__ import annotations
+from contextvars import ContextVar
 from pathlib import Path
 import torch
 from torch import Tensor
@@ -21,13 +22,16 @@ from .seqkv import SeqKV   # one row's storage (70a_seqkv); `from hqkv.hf import
 from .models.load import head_dim_of
 
 # %% auto #0
-__all__ = ['ATTN_NAME', 'HQKVLayer', 'hqkv_attention', 'register_hqkv_attention', 'use_hqkv_attention', 'cache_key_profile',
-           'HQKVCache', 'cache_nbytes']
+__all__ = ['ATTN_NAME', 'WAITING', 'HQKVLayer', 'hqkv_attention', 'register_hqkv_attention', 'use_hqkv_attention',
+           'cache_key_profile', 'HQKVCache', 'cache_nbytes']
 
 # %% ../nbs/70_hf.ipynb #e21343cb
 ATTN_NAME = "hqkv"        # the name of our attention function in transformers' AttentionInterface
 
 def _attn_impl(config)->str|None: return getattr(config, "_attn_implementation", None)
+
+# the paged path's hand-over: (keys, layer) of the chunk an `HQKVLayer.update` returned, until attended
+WAITING: ContextVar[tuple|None] = ContextVar("hqkv_waiting_chunk", default=None)
 
 # %% ../nbs/70_hf.ipynb #78d99462
 class HQKVLayer(CacheLayerMixin):
@@ -61,7 +65,7 @@ class HQKVLayer(CacheLayerMixin):
         self.is_initialized = True
     def update(self, key_states:Tensor, value_states:Tensor, # [B, kv_heads, T, D]: the chunk, post-RoPE
                *args, **kwargs)->tuple[Tensor, Tensor]:
-        "Decoded path: store the chunk, return [decoded prefix; chunk]. Paged path: return the chunk, tagged."
+        "Decoded path: store the chunk, return [decoded prefix; chunk]. Paged path: return the chunk (see `WAITING`)."
         if not self.is_initialized: self.lazy_initialization(key_states, value_states)
         B, H, T, D = key_states.shape
         if (B, H, D) != (len(self.seqs), self.kv_heads, self.codec.head_dim) or value_states.shape != key_states.shape:
@@ -81,9 +85,8 @@ class HQKVLayer(CacheLayerMixin):
         if path == "paged":
             self._pending = (self.cumulative_length, T)
             self.cumulative_length += T
-            # the attention function finds the layer through its keys
-            k = key_states.view_as(key_states); k._hqkv_layer = self
-            return k, value_states
+            WAITING.set((key_states, self))   # for hqkv_attention, which matches the keys it is given
+            return key_states, value_states
         return self._store_decoded(key_states, value_states)
     def get_mask_sizes(self, query_length:int)->tuple[int, int]: return self.cumulative_length + query_length, 0
     def get_seq_length(self)->int: return self.cumulative_length
@@ -197,8 +200,8 @@ def hqkv_attention(module, # the attention module (transformers passes it first)
                    attention_mask:Tensor|None, dropout:float=0.0, scaling:float|None=None,
                    **kwargs)->tuple[Tensor, None]: # ([B, T, Hq, D], no weights)
     "transformers attention function: an `HQKVLayer`'s coded rows read page by page; any other layer goes to SDPA."
-    layer = getattr(key, "_hqkv_layer", None)
-    if layer is None:
+    waiting = WAITING.get()
+    if waiting is None or waiting[0] is not key:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     for name in ("softcap", "s_aux", "sliding_window", "position_bias"):
@@ -206,8 +209,9 @@ def hqkv_attention(module, # the attention module (transformers passes it first)
     if dropout: raise ValueError(f"hqkv attention is for inference: dropout must be 0, got {dropout}")
     if kwargs.get("is_causal") is False or getattr(module, "is_causal", True) is False:
         raise ValueError("hqkv attention is causal only (this module is bidirectional)")
-    return layer.attend(query, key, value, attention_mask,
-                        query.shape[-1] ** -0.5 if scaling is None else float(scaling)), None
+    out = waiting[1].attend(query, key, value, attention_mask, query.shape[-1] ** -0.5 if scaling is None else float(scaling))
+    WAITING.set(None)   # attended and stored: taken
+    return out, None
 
 def register_hqkv_attention():
     "Make `\"hqkv\"` a valid attention implementation in transformers (idempotent)."
