@@ -235,10 +235,11 @@ def find_profile(identity:ModelIdentity) -> KeyProfile|None:
                                                     f"{identity.config_sha256[:8]}.pt")):
         prof = KeyProfile.load(p)
         if prof.model.kind == identity.kind: return prof
-    if identity.name not in PROFILE_FILES: return None
-    shipped = default_profile(identity.name)          # by name, then only for the config and weights it was measured on
-    same = all(getattr(shipped.model, f) == getattr(identity, f) for f in ("kind", "config_sha256", "weights_sha256"))
-    return shipped if same else None
+    for name in PROFILE_FILES:                        # the shipped ones: for the config and weights they were measured on
+        shipped = default_profile(name)
+        if all(getattr(shipped.model, f) == getattr(identity, f) for f in ("kind", "config_sha256", "weights_sha256")):
+            return shipped
+    return None
 
 # %% ../nbs/14b_keyprofile.ipynb #03c984be
 _WARNED = set()

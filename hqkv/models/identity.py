@@ -94,14 +94,13 @@ def weights_sha256(model:torch.nn.Module, # any torch module (a transformers mod
 def hf_identity(model, # a transformers `PreTrainedModel`
                 name:str|None=None, # how messages name it (default: the name it was loaded under, else its class)
                )->ModelIdentity:
-    "The identity of a transformers model (computed once per model object)."
+    "The identity of a transformers model, computed from it each time (a few ms: sampled tensors; nothing is kept on it)."
     if getattr(model, "config", None) is None or not hasattr(model, "state_dict"):
         raise TypeError(f"hf_identity expects a transformers model, got {type(model).__name__}")
-    ident = getattr(model, "_hqkv_identity", None)
-    if ident is None:
-        ident = ModelIdentity(getattr(model, "_hqkv_name", None) or type(model).__name__,
-                              hf_config_sha256(model.config), weights_sha256(model),
-                              architecture=type(model).__name__, kind="transformers")
-        model._hqkv_identity = ident
-    return ident if name is None else dataclasses.replace(ident, name=name)
+    # the default name (only for messages): the hub name or directory it was loaded from, else its class
+    src = Path(str(getattr(model, "name_or_path", "") or ""))
+    hub = [p[len("models--"):].replace("--", "/") for p in src.parts if p.startswith("models--")]
+    name = name or (hub[-1] if hub else src.name) or type(model).__name__
+    return ModelIdentity(name, hf_config_sha256(model.config), weights_sha256(model),
+                         architecture=type(model).__name__, kind="transformers")
 

@@ -224,8 +224,7 @@ def load_causal_lm(spec, # a name, a .gguf file or a model directory
         model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype).to(device).eval()
     except (OSError, ValueError, KeyError) as e:
         raise ValueError(f"transformers cannot load {name} from {src} as a causal LM: {type(e).__name__}: {e}") from e
-    model._hqkv_name = name
-    return LoadedLM(model, tok, hf_identity(model), geometry_of(model.config, name, dtype),
+    return LoadedLM(model, tok, hf_identity(model, name), geometry_of(model.config, name, dtype),
                     str(d / gguf if gguf else d))
 
 # %% ../../nbs/16_models.load.ipynb #d09ab1e0
