@@ -489,6 +489,56 @@ template<int G> static void accum(const Fmt& f, const uint8_t* base, int64_t str
         for (int g = 0; g < G; ++g) for (int k = 0; k < NV; ++k) _mm512_storeu_ps(acc + g * f.D + W * c + 16 * k, a[g][k]);
     }
 }
+
+static inline __mmask16 head_mask(int k) { return k >= 16 ? (__mmask16)0xFFFF : k <= 0 ? (__mmask16)0 : (__mmask16)((1u << k) - 1); }
+// The online softmax of a block for G heads, 16 lanes at a time (as avx::softmax, whose exp polynomial it shares, lane for
+// lane); the G rescale factors come from one vector exp
+static inline __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+    __m512 fx = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
+    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
+    __m512 y = _mm512_set1_ps(1.9875691500E-4f);
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507E-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073E-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894E-2f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459E-1f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201E-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+}
+static void softmax(float* s, int n, int G, float* m, float* l, float* acc, int64_t D) {
+    alignas(64) float mn[16], alpha[16];
+    for (int g0 = 0; g0 < G; g0 += 16) {
+        const int gn = std::min(16, G - g0);
+        for (int g = 0; g < gn; ++g) {
+            const float* sg = s + (g0 + g) * BLK;
+            __m512 vmax = _mm512_set1_ps(-INFINITY);
+            for (int i = 0; i < n; i += 16) vmax = _mm512_mask_max_ps(vmax, head_mask(n - i), vmax, _mm512_loadu_ps(sg + i));
+            const float mb = _mm512_reduce_max_ps(vmax);
+            mn[g] = mb > m[g0 + g] ? mb : m[g0 + g];
+        }
+        const __mmask16 k = head_mask(gn);
+        const __m512 mo = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), k, m + g0), vn = _mm512_mask_load_ps(_mm512_setzero_ps(), k, mn);
+        // a head with nothing yet (m = -inf) gets 0, as expf(-inf) would
+        _mm512_store_ps(alpha, _mm512_maskz_mov_ps(k & _mm512_cmp_ps_mask(mo, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ), exp512(_mm512_sub_ps(mo, vn))));
+        for (int g = 0; g < gn; ++g) {
+            float* sg = s + (g0 + g) * BLK; const __m512 vm = _mm512_set1_ps(mn[g]); __m512 vs = _mm512_setzero_ps();
+            for (int i = 0; i < n; i += 16) {
+                const __mmask16 t = head_mask(n - i);
+                const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(t, sg + i), vm));
+                _mm512_mask_storeu_ps(sg + i, t, e); vs = _mm512_mask_add_ps(vs, t, vs, e);
+            }
+            const int gg = g0 + g; const float a = alpha[g];
+            l[gg] = l[gg] * a + _mm512_reduce_add_ps(vs); m[gg] = mn[g];
+            if (a != 1.0f) {
+                const __m512 va = _mm512_set1_ps(a); float* o = acc + gg * D;
+                for (int64_t d = 0; d < D; d += 16) { const __mmask16 t = head_mask((int)(D - d)); _mm512_mask_storeu_ps(o + d, t, _mm512_mul_ps(va, _mm512_maskz_loadu_ps(t, o + d))); }
+            }
+        }
+    }
+}
 }  // namespace v512
 #pragma GCC pop_options
 
@@ -671,7 +721,7 @@ static void block(Ctx& cx, const Fmt& kf, const Fmt& vf, const uint8_t* kb, int6
         for (int64_t g0 = 0; g0 < G; g0 += 8)
             if (qu && int_keys(kf)) SCORE_E8_INT[g_isa - 2][gi](kf, kb, ks, n, qu + g0 * D, qs + g0, qk + 8 * g0, s + g0 * BLK, cx.sc.data());
             else SCORE[kf.kind][gi](kf, kb, ks, n, q + g0 * D, s + g0 * BLK, cx.sc.data());
-        avx::softmax(s, n, (int)G, m, l, acc, D);
+        if (g_isa == 2) v512::softmax(s, n, (int)G, m, l, acc, D); else avx::softmax(s, n, (int)G, m, l, acc, D);
         for (int64_t g0 = 0; g0 < G; g0 += 8) (int_values(vf) ? ACCUM_E8_INT[g_isa - 2] : ACCUM[vf.kind])[gi](vf, vb, vs, n, s + g0 * BLK, acc + g0 * D, cx.sc.data());
     } else {
         score_scalar(kf, kb, ks, n, q, (int)G, s, cx.tmp.data());
