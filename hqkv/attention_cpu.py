@@ -160,8 +160,8 @@ def held_spans(L:int, # tokens of the sequence (its new token included)
     return s, (max(s, L - recent) if recent else L)
 
 # %% ../nbs/34_attention.cpu.ipynb #dfb17778
-# the kernels' group sizes: 1, 2, 3 (SmolLM2), 4, 8; others padded with zero query rows (Qwen2.5's 7 to 8)
-def _padded_group(G:int) -> int: return G if G in (1, 2, 3, 4, 8) else 8 if G < 8 else -(-G // 8) * 8
+# the kernels' group sizes: 1 to 8 (SmolLM2's 3, Qwen2.5's 7); more heads padded with zero query rows to a multiple of 8
+def _padded_group(G:int) -> int: return G if G <= 8 else -(-G // 8) * 8
 
 def _split(lens:list, P:int, threads:int, chunk:int|None) -> tuple[int, int]:
     "(positions per work item, a multiple of the page size; work items in all): about 4 items a thread, or `chunk`."

@@ -12,6 +12,7 @@
 #include <vector>
 #include <algorithm>
 #include <omp.h>
+#include <utility>
 
 enum { FMT_BF16 = 0, FMT_E8 = 1, FMT_Q8_0 = 2, FMT_Q4_0 = 3, FMT_TBQ4 = 4, FMT_TBQ3 = 5, FMT_TBQ2 = 6, FMT_COUNT = 7 };
 static const int BLK = 64;                    // rows per block (and at most one page)
@@ -211,7 +212,7 @@ static inline float hsum(__m256 a) {
     return _mm_cvtss_f32(x);
 }
 
-// scores s[g][i] = q_g . k_i for G heads (G in 1, 2, 3, 4, 8): 8/G rows at a time so that 8 accumulators fill one hadd tree
+// scores s[g][i] = q_g . k_i for G heads (G 1-8): 8/G rows at a time so that 8 accumulators fill one hadd tree
 template<class F, int G> static void score(const Fmt& f, const uint8_t* base, int64_t stride, int n, const float* q, float* s, float* sc) {
     constexpr int RB = 8 / G;
     const int C = (int)(f.D / 8);
@@ -424,7 +425,7 @@ template<int G> static void score64(const Fmt& f, const uint8_t* base, int64_t s
     }
 }
 
-// s[g][i] = q_g . k_i for G heads (1, 2, 3, 4, 8), D a multiple of 64: RB = 8/G rows at a time (8 sums share one hadd tree)
+// s[g][i] = q_g . k_i for G heads (1-8), D a multiple of 64: RB = 8/G rows at a time (8 sums share one hadd tree)
 template<int G> static void score(const Fmt& f, const uint8_t* base, int64_t stride, int n, const uint8_t* qu, const float* qscale,
                                   const int32_t*, float* s, float* sc) {
     if (f.D == 64) return score64<G>(f, base, stride, n, qu, qscale, s);
@@ -555,7 +556,7 @@ static void softmax(float* s, int n, int G, float* m, float* l, float* acc, int6
 #pragma GCC target("avx2,fma,f16c")
 namespace v2 {
 
-// s[g][i] = q_g . k_i for G heads (1, 2, 3, 4, 8), D >= 128 a multiple of 64. A row's 32-value chunk j holds codeword j of each
+// s[g][i] = q_g . k_i for G heads (1-8), D >= 128 a multiple of 64. A row's 32-value chunk j holds codeword j of each
 // quarter (the query is stored in that order by quantize), so lane l (4 values) is always in quarter l / 2 and the lanes add
 // up over the whole row in integers: Dot sums 4 chunks (v2: vpmaddubsw pairs in int16, 4 x 5588 < 32767, then vpmaddwd;
 // v2vnni: vpdpbusd), the lanes' offset (qlane) comes off, then one convert and one multiply by the quarter scales per row
@@ -661,13 +662,12 @@ namespace v2vnni { using v2::score; }        // never chosen (hqkv_cpu_isa refus
 // ---------------------------------------------------------------- dispatch
 typedef void (*ScoreFn)(const Fmt&, const uint8_t*, int64_t, int, const float*, float*, float*);
 typedef void (*AccumFn)(const Fmt&, const uint8_t*, int64_t, int, const float*, float*, float*);
-static ScoreFn SCORE[FMT_COUNT][5];            // per group size: 1, 2, 4, 8, 3 (G_INDEX)
-static AccumFn ACCUM[FMT_COUNT][5];
-template<class F> static void fill(int kind) {
-    SCORE[kind][0] = avx::score<F, 1>; SCORE[kind][1] = avx::score<F, 2>; SCORE[kind][2] = avx::score<F, 4>; SCORE[kind][3] = avx::score<F, 8>;
-    ACCUM[kind][0] = avx::accum<F, 1>; ACCUM[kind][1] = avx::accum<F, 2>; ACCUM[kind][2] = avx::accum<F, 4>; ACCUM[kind][3] = avx::accum<F, 8>;
-    SCORE[kind][4] = avx::score<F, 3>; ACCUM[kind][4] = avx::accum<F, 3>;
+static ScoreFn SCORE[FMT_COUNT][8];            // per group size G = 1..8, at G - 1 (more heads: 8 at a time)
+static AccumFn ACCUM[FMT_COUNT][8];
+template<class F, int... Gs> static void fill_groups(int kind, std::integer_sequence<int, Gs...>) {
+    ((SCORE[kind][Gs] = avx::score<F, Gs + 1>, ACCUM[kind][Gs] = avx::accum<F, Gs + 1>), ...);
 }
+template<class F> static void fill(int kind) { fill_groups<F>(kind, std::make_integer_sequence<int, 8>{}); }
 static int g_isa = -1;                        // hqkv_cpu_isa's numbers; 2, 3, 4: hq-e8-2b rows as int8 (v512, v2, v2vnni), AVX2 for the rest
 
 extern "C" void hqkv_cpu_e8_init(const int8_t* grid4) {   // once, at load
@@ -700,12 +700,10 @@ extern "C" int hqkv_cpu_isa(int want) {
 
 struct Ctx { std::vector<float> s, tmp, sc; };   // scores [Gp, BLK], a decoded row, per-row scales [BLK, 4]
 typedef void (*IntScoreFn)(const Fmt&, const uint8_t*, int64_t, int, const uint8_t*, const float*, const int32_t*, float*, float*);
-static const IntScoreFn SCORE_E8_INT[3][5] = {{v512::score<1>, v512::score<2>, v512::score<4>, v512::score<8>, v512::score<3>},
-                                              {v2::score<1>, v2::score<2>, v2::score<4>, v2::score<8>, v2::score<3>},
-                                              {v2vnni::score<1>, v2vnni::score<2>, v2vnni::score<4>, v2vnni::score<8>, v2vnni::score<3>}};
-static const AccumFn ACCUM_E8_INT[3][5] = {{v512::accum<1>, v512::accum<2>, v512::accum<4>, v512::accum<8>, v512::accum<3>},
-                                           {v2::accum<1>, v2::accum<2>, v2::accum<4>, v2::accum<8>, v2::accum<3>},
-                                           {v2::accum<1>, v2::accum<2>, v2::accum<4>, v2::accum<8>, v2::accum<3>}};
+#define HQKV_G8(f) {f<1>, f<2>, f<3>, f<4>, f<5>, f<6>, f<7>, f<8>}
+static const IntScoreFn SCORE_E8_INT[3][8] = {HQKV_G8(v512::score), HQKV_G8(v2::score), HQKV_G8(v2vnni::score)};
+static const AccumFn ACCUM_E8_INT[3][8] = {HQKV_G8(v512::accum), HQKV_G8(v2::accum), HQKV_G8(v2::accum)};
+#undef HQKV_G8
 // hq-e8-2b as int8 (hqkv.attention_cpu.integer_keys): D a multiple of 64; on AVX2 (v2, v2vnni) also D >= 128, where they are
 // faster than the AVX2 floats (at D 64 with GQA 4 they were 10-15% slower: per row and head overheads over 2 chunks)
 static bool int_rows(const Fmt& f) { return f.kind == FMT_E8 && f.D % 64 == 0 && (g_isa == 2 || (g_isa >= 3 && f.D >= 128)); }
@@ -717,7 +715,7 @@ static void block(Ctx& cx, const Fmt& kf, const Fmt& vf, const uint8_t* kb, int6
                   const float* q, const uint8_t* qu, const float* qs, const int32_t* qk, int64_t G, int64_t D, float* m, float* l, float* acc) {
     float* s = cx.s.data();
     if (g_isa >= 1) {
-        int gi = G == 1 ? 0 : G == 2 ? 1 : G == 4 ? 2 : G == 3 ? 4 : 3;   // 3: SmolLM2's 9 query heads on 3 KV heads
+        const int gi = (int)std::min<int64_t>(G, 8) - 1;   // G > 8: a multiple of 8 (the plan pads it), 8 heads at a time
         for (int64_t g0 = 0; g0 < G; g0 += 8)
             if (qu && int_keys(kf)) SCORE_E8_INT[g_isa - 2][gi](kf, kb, ks, n, qu + g0 * D, qs + g0, qk + 8 * g0, s + g0 * BLK, cx.sc.data());
             else SCORE[kf.kind][gi](kf, kb, ks, n, q + g0 * D, s + g0 * BLK, cx.sc.data());
