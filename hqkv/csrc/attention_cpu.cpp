@@ -366,16 +366,6 @@ static inline __m512i codes8(const uint8_t* p) {
     return _mm512_mask_add_epi8(_mm512_sub_epi8(v, _mm512_set1_epi8(1)), (__mmask64)((lo & odd) * 0xFF),
                                 _mm512_sub_epi8(v, _mm512_set1_epi8(1)), _mm512_set1_epi8(2));
 }
-static inline __m256i codes4(const uint8_t* p) {   // 4 codewords -> 32 int8 values, as codes8
-    const __m128i w = _mm_loadl_epi64((const __m128i*)p);
-    const __m256i P = _mm256_i64gather_epi64((const long long*)E8_ABS4, _mm256_cvtepu16_epi64(_mm_srli_epi16(w, 8)), 8);
-    const uint32_t lo = (uint32_t)_mm_cvtsi128_si32(_mm_cvtepi16_epi8(w)), odd = 0x01010101u;
-    uint32_t t = lo & ~odd; const uint32_t signs = t;
-    t ^= t >> 4; t ^= t >> 2; t ^= t >> 1;
-    const __m256i v = _mm256_mask_sub_epi8(P, (__mmask32)(signs | (t & odd)), _mm256_setzero_si256(), P);
-    return _mm256_mask_add_epi8(_mm256_sub_epi8(v, _mm256_set1_epi8(1)), (__mmask32)((lo & odd) * 0xFF),
-                                _mm256_sub_epi8(v, _mm256_set1_epi8(1)), _mm256_set1_epi8(2));
-}
 
 // the rows' quarter scales as floats, sc[q * BLK + i] (row i, quarter q): eight rows' 8-byte scale words by one gather, their
 // bf16 reordered by quarter with one word permute, widened to float (rows past n repeat the last one)
@@ -456,12 +446,14 @@ template<int G> static void score(const Fmt& f, const uint8_t* base, int64_t str
     }
 }
 
-// acc[g] += sum_i p[g][i] v_i, D a multiple of 64: W values at a time for all rows (64: 8 codewords, one gather, when G <= 4;
-// else 32), the G x W/16 accumulators in registers. Each 16 values share a quarter, whose scale is folded into the row's
-// weights once: w[quarter][g][i] = p[g][i] sc[quarter][i] / 4, vector products over the block's rows
+// acc[g] += sum_i p[g][i] v_i, D a multiple of 64: W values at a time for all rows (64 when G <= 4, else 32), the G x W/16
+// accumulators in registers. A row's 8 codewords are decoded at once (one gather): with W 32 the second half waits in `half`
+// for the next pass. Each 16 values share a quarter, whose scale is folded into the row's weights once:
+// w[quarter][g][i] = p[g][i] sc[quarter][i] / 4, vector products over the block's rows
 template<int G> static void accum(const Fmt& f, const uint8_t* base, int64_t stride, int n, const float* p, float* acc, float*) {
     constexpr int W = G <= 4 ? 64 : 32, NV = W / 16;
     alignas(64) float sc[4 * BLK + 8], w[4 * G * BLK];
+    alignas(64) int8_t half[W == 32 ? BLK * 32 : 1];   // W 32: each row's values 32..63 of the 64 just decoded
     scales(base, stride, n, f, sc);
     for (int q = 0; q < 4; ++q)
         for (int g = 0; g < G; ++g)
@@ -480,7 +472,11 @@ template<int G> static void accum(const Fmt& f, const uint8_t* base, int64_t str
                 const __m512i x = codes8(base + i * stride + 16 * c);
                 for (int k = 0; k < NV; ++k) v[k] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(x, k)));
             } else {
-                const __m256i x = codes4(base + i * stride + 8 * c);
+                __m256i x;
+                if (c % 2 == 0) {                 // this pass and the next: codewords 4c .. 4c + 7
+                    const __m512i y = codes8(base + i * stride + 8 * c);
+                    x = _mm512_castsi512_si256(y); _mm256_store_si256((__m256i*)(half + 32 * i), _mm512_extracti64x4_epi64(y, 1));
+                } else x = _mm256_load_si256((const __m256i*)(half + 32 * i));
                 v[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(x)));
                 v[NV - 1] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(x, 1)));
             }
