@@ -487,6 +487,54 @@ template<int G> static void accum(const Fmt& f, const uint8_t* base, int64_t str
     }
 }
 
+// bf16 rows (the pages' bf16 format, and every format's exact window rows), D a multiple of 16: 16 values widened per
+// load (twice the AVX2 path's 8), as avx::score/accum otherwise; other head sizes go to avx's
+static inline __m512 bf16x16(const uint8_t* p) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16)); }
+template<int G> static void score_bf16(const Fmt& f, const uint8_t* base, int64_t stride, int n, const float* q, float* s, float* sc) {
+    if (f.D % 16) return avx::score<avx::BF16, G>(f, base, stride, n, q, s, sc);
+    constexpr int RB = 8 / G;                 // RB rows x G heads: 8 sums share one hadd tree
+    const int C = (int)(f.D / 16);
+    int i = 0;
+    avx::prefetch_rows(base, stride, f.row_bytes, 0, std::min(n, avx::AHEAD));
+    for (; i < n; i += RB) {
+        const int rb = std::min(RB, n - i);   // the block's last rows: fewer than RB
+        avx::prefetch_rows(base, stride, f.row_bytes, std::min(n, i + avx::AHEAD), std::min(n, i + avx::AHEAD + RB));
+        __m512 acc[8];
+        for (int k = 0; k < 8; ++k) acc[k] = _mm512_setzero_ps();
+        for (int c = 0; c < C; ++c)
+            for (int r = 0; r < rb; ++r) {
+                const __m512 k = bf16x16(base + (i + r) * stride + 32 * c);
+                for (int g = 0; g < G; ++g) acc[r * G + g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * f.D + 16 * c), k, acc[r * G + g]);
+            }
+        alignas(32) float t[8];
+        _mm256_store_ps(t, avx::hsum8(fold(acc[0]), fold(acc[1]), fold(acc[2]), fold(acc[3]), fold(acc[4]), fold(acc[5]), fold(acc[6]), fold(acc[7])));
+        for (int r = 0; r < rb; ++r) for (int g = 0; g < G; ++g) s[g * BLK + i + r] = t[r * G + g];
+    }
+}
+// acc[g] += sum_i p[g][i] v_i: CB chunks of 16 values at a time (G x CB <= 16 accumulators in registers), then one at a time
+template<int G> static void accum_bf16(const Fmt& f, const uint8_t* base, int64_t stride, int n, const float* p, float* acc, float* sc) {
+    if (f.D % 16) return avx::accum<avx::BF16, G>(f, base, stride, n, p, acc, sc);
+    constexpr int CB = G == 1 ? 16 : G == 2 ? 8 : G <= 4 ? 4 : 2;
+    const int C = (int)(f.D / 16);
+    auto pass = [&](int c0, auto cb) {
+        constexpr int K = decltype(cb)::value;
+        __m512 a[G][K];
+        for (int g = 0; g < G; ++g) for (int k = 0; k < K; ++k) a[g][k] = _mm512_loadu_ps(acc + g * f.D + 16 * (c0 + k));
+        for (int i = 0; i < n; ++i) {
+            if (c0 == 0) avx::prefetch_rows(base, stride, f.row_bytes, std::min(n, i + avx::AHEAD), std::min(n, i + avx::AHEAD + 1));
+            const uint8_t* row = base + i * stride + 32 * c0;
+            for (int k = 0; k < K; ++k) {
+                const __m512 v = bf16x16(row + 32 * k);
+                for (int g = 0; g < G; ++g) a[g][k] = _mm512_fmadd_ps(_mm512_set1_ps(p[g * BLK + i]), v, a[g][k]);
+            }
+        }
+        for (int g = 0; g < G; ++g) for (int k = 0; k < K; ++k) _mm512_storeu_ps(acc + g * f.D + 16 * (c0 + k), a[g][k]);
+    };
+    int c0 = 0;
+    for (; c0 + CB <= C; c0 += CB) pass(c0, std::integral_constant<int, CB>{});
+    for (; c0 < C; ++c0) pass(c0, std::integral_constant<int, 1>{});
+}
+
 static inline __mmask16 head_mask(int k) { return k >= 16 ? (__mmask16)0xFFFF : k <= 0 ? (__mmask16)0 : (__mmask16)((1u << k) - 1); }
 // The online softmax of a block for G heads, 16 lanes at a time (as avx::softmax, whose exp polynomial it shares, lane for
 // lane); the G rescale factors come from one vector exp
@@ -664,6 +712,9 @@ template<class F, int... Gs> static void fill_groups(int kind, std::integer_sequ
     ((SCORE[kind][Gs] = avx::score<F, Gs + 1>, ACCUM[kind][Gs] = avx::accum<F, Gs + 1>), ...);
 }
 template<class F> static void fill(int kind) { fill_groups<F>(kind, std::make_integer_sequence<int, 8>{}); }
+template<int... Gs> static void fill_bf16_512(std::integer_sequence<int, Gs...>) {
+    ((SCORE[FMT_BF16][Gs] = v512::score_bf16<Gs + 1>, ACCUM[FMT_BF16][Gs] = v512::accum_bf16<Gs + 1>), ...);
+}
 static int g_isa = -1;                        // hqkv_cpu_isa's numbers; 2, 3, 4: hq-e8-2b rows as int8 (v512, v2, v2vnni), AVX2 for the rest
 
 extern "C" void hqkv_cpu_e8_init(const int8_t* grid4) {   // once, at load
@@ -691,6 +742,7 @@ extern "C" int hqkv_cpu_isa(int want) {
     g_isa = want == -1 ? (has512 ? 2 : hasvnni ? 4 : has ? 3 : 0) : want;
     if (g_isa >= 1) { fill<avx::BF16>(FMT_BF16); fill<avx::E8>(FMT_E8); fill<avx::Q8>(FMT_Q8_0); fill<avx::Q4>(FMT_Q4_0);
                       fill<avx::TBQ<4>>(FMT_TBQ4); fill<avx::TBQ<3>>(FMT_TBQ3); fill<avx::TBQ<2>>(FMT_TBQ2); }
+    if (g_isa == 2) fill_bf16_512(std::make_integer_sequence<int, 8>{});   // bf16 rows 16 values a load
     return g_isa;
 }
 
