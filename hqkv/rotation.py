@@ -65,7 +65,7 @@ class RandomHadamard:
         g = torch.Generator(device="cpu").manual_seed(seed)
         self.signs = (torch.randint(0, 2, (dim,), generator=g, dtype=torch.int64) * 2 - 1).to(torch.float32)
         self.mix = dct_matrix(self.odd) if self.odd > 1 else None   # C_m for the odd factor
-        self._dev = {}
+        self._dev, self._mat = {}, {}
 
     def _consts(self, x:Tensor)->tuple:
         "(signs, C) on `x`'s device (cached)."
@@ -85,6 +85,7 @@ class RandomHadamard:
         "Rotate: (H ⊗ C)·diag(s)·x (float32 arithmetic)."
         if not isinstance(x, Tensor) or not x.is_floating_point():
             raise TypeError("RandomHadamard expects a floating-point tensor")
+        if x.device.type == "cuda": return self._by_matrix(x)
         s, q = self._consts(x)
         y = x.to(torch.float32) * s
         if q is None: return fwht(y).to(x.dtype)
@@ -96,6 +97,7 @@ class RandomHadamard:
         "Undo `forward`: diag(s)·(H ⊗ C.T)·y."
         if not isinstance(y, Tensor) or not y.is_floating_point():
             raise TypeError("RandomHadamard expects a floating-point tensor")
+        if y.device.type == "cuda": return self._by_matrix(y, inverse=True)
         s, q = self._consts(y)
         if q is None: return (fwht(y.to(torch.float32)) * s).to(y.dtype)
         t = self._hadamard_groups(y.to(torch.float32))
@@ -107,6 +109,13 @@ class RandomHadamard:
     def matrix(self)->Tensor:
         "The float32 dim x dim matrix R with forward(x) == x @ R.T."
         return self.forward(torch.eye(self.dim)).T.contiguous()
+
+    def _by_matrix(self, x:Tensor, inverse:bool=False)->Tensor:
+        "`forward` (x R^T) or `inverse` (x R) as one float64 product with R, cached per device (what CUDA tensors get)."
+        if x.shape[-1] != self.dim: raise ValueError(f"last dimension must be {self.dim}, got {tuple(x.shape)}")
+        if x.device not in self._mat: self._mat[x.device] = self.matrix().double().to(x.device)
+        R = self._mat[x.device]
+        return (x.reshape(-1, self.dim).double() @ (R if inverse else R.T)).reshape(x.shape).to(x.dtype)
 
     def __repr__(self): return f"RandomHadamard(dim={self.dim}, seed={self.seed})"
 

@@ -250,7 +250,7 @@ def _mat(self:HQE8, dev)->Tensor:
 
 @patch
 def rotate(self:HQE8, x:Tensor)->Tensor:
-    if x.device.type != "cpu": return self.rht.forward(x.to(torch.float32))   # exact fp32 butterflies (no TF32)
+    if x.device.type != "cpu": return self.rht.forward(x.to(torch.float32))   # RandomHadamard: one float64 product on CUDA (no TF32)
     return x.to(torch.float32) @ self._mat(x.device)
 
 @patch

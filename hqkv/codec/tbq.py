@@ -165,7 +165,7 @@ class TBQCodec(Codec):
     def rotate(self, x:Tensor)->Tensor:
         "Block-diagonal RHT: every block rotated by `RandomHadamard(block, rht_seed)` (on CPU: one matmul)."
         b = self._blocks(x)
-        if x.device.type != "cpu": return self.rht.forward(b).reshape(x.shape)   # exact fp32 butterflies (no TF32)
+        if x.device.type != "cpu": return self.rht.forward(b).reshape(x.shape)   # RandomHadamard: one float64 product on CUDA (no TF32)
         return (b.to(torch.float32) @ self._mat(x.device)).reshape(x.shape).to(x.dtype)
 
     def unrotate(self, x:Tensor)->Tensor:
