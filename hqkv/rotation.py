@@ -85,7 +85,7 @@ class RandomHadamard:
         "Rotate: (H ⊗ C)·diag(s)·x (float32 arithmetic)."
         if not isinstance(x, Tensor) or not x.is_floating_point():
             raise TypeError("RandomHadamard expects a floating-point tensor")
-        if x.device.type == "cuda": return self._by_matrix(x)
+        if x.device.type == "cuda": return _by_matrix(self, x)
         s, q = self._consts(x)
         y = x.to(torch.float32) * s
         if q is None: return fwht(y).to(x.dtype)
@@ -97,27 +97,27 @@ class RandomHadamard:
         "Undo `forward`: diag(s)·(H ⊗ C.T)·y."
         if not isinstance(y, Tensor) or not y.is_floating_point():
             raise TypeError("RandomHadamard expects a floating-point tensor")
-        if y.device.type == "cuda": return self._by_matrix(y, inverse=True)
+        if y.device.type == "cuda": return _by_matrix(self, y, inverse=True)
         s, q = self._consts(y)
         if q is None: return (fwht(y.to(torch.float32)) * s).to(y.dtype)
         t = self._hadamard_groups(y.to(torch.float32))
         t = (t.reshape(*y.shape[:-1], self.pow2, self.odd) @ q).reshape(y.shape)
         return (t * s).to(y.dtype)
-
     __call__ = forward
 
     def matrix(self)->Tensor:
         "The float32 dim x dim matrix R with forward(x) == x @ R.T."
         return self.forward(torch.eye(self.dim)).T.contiguous()
 
-    def _by_matrix(self, x:Tensor, inverse:bool=False)->Tensor:
-        "`forward` (x R^T) or `inverse` (x R) as one float64 product with R, cached per device (what CUDA tensors get)."
-        if x.shape[-1] != self.dim: raise ValueError(f"last dimension must be {self.dim}, got {tuple(x.shape)}")
-        if x.device not in self._mat: self._mat[x.device] = self.matrix().double().to(x.device)
-        R = self._mat[x.device]
-        return (x.reshape(-1, self.dim).double() @ (R if inverse else R.T)).reshape(x.shape).to(x.dtype)
-
     def __repr__(self): return f"RandomHadamard(dim={self.dim}, seed={self.seed})"
+
+# %% ../nbs/01_rotation.ipynb #48e70427
+def _by_matrix(rht:RandomHadamard, x:Tensor, inverse:bool=False)->Tensor:
+    "`rht.forward` (x R^T) or `rht.inverse` (x R) as one float64 product with R, cached per device (what CUDA tensors get)."
+    if x.shape[-1] != rht.dim: raise ValueError(f"last dimension must be {rht.dim}, got {tuple(x.shape)}")
+    if x.device not in rht._mat: rht._mat[x.device] = rht.matrix().double().to(x.device)
+    R = rht._mat[x.device]
+    return (x.reshape(-1, rht.dim).double() @ (R if inverse else R.T)).reshape(x.shape).to(x.dtype)
 
 # %% ../nbs/01_rotation.ipynb #f8fea7d5
 def outlier_stats(x:Tensor, # [..., dim] vectors (e.g. keys of one layer and head over many tokens)
