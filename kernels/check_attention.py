@@ -81,7 +81,7 @@ for name in formats:
     ek, ev = kp.clone(), vp.clone()
     # bf16 and hq-e8-2b are coded by the store kernel: against the CPU codec. The byte formats the launcher codes with the
     # codec itself on the pages' device: against that (torch on CUDA may round a value at a step's edge the other way
-    # than on the CPU: 60 of 4,000 q8_0 rows on the first H200 run, one byte each; counted below, not a failure)
+    # than on the CPU: 60-66 of 4,000 q8_0 rows on the H200 runs, one byte each; counted below, not a failure)
     enc_dev = "cpu" if name in ("bf16", "hq-e8-2b") else DEV
     ek.view(-1, HKV, codec.row_bytes)[slots] = codec.encode(k.to(enc_dev)).cpu(); ev.view(-1, HKV, codec.row_bytes)[slots] = codec.encode(v.to(enc_dev)).cpu()
     if enc_dev != "cpu":
