@@ -322,18 +322,20 @@ static void softmax(float* s, int n, int G, float* m, float* l, float* acc, int6
 // 4x a coded value is an integer in -11..11 (|pattern| in {1/2, 3/2, 5/2}, shift +-1/4), so each 16-bit codeword has an exact
 // int8 image (hqkv.codec.e8 grid4, handed over once by hqkv_cpu_e8_init): 512 KiB, which the AVX2 integer paths gather from; the
 // AVX-512 path builds the same values from a 2 KiB pattern table instead (codes8: the big one leaves L2 between layers).
-// Keys: the query is quantized once per call to int8 (one scale per head row) and offset to unsigned (q + 128); vpdpbusd sums
-// (q + 128) k four bytes at a time, and 128 sum(k) (the same for every head) is taken off once per 64 values; one float FMA
-// per 64 values and head applies each lane's quarter scale. Values: the int8 rows are widened to float and accumulated with
-// weights p * scale / 4 (each 16 values share a quarter). As in ggml's IQ2 dots, no value goes through a float lookup table.
+// Keys: the query is quantized once per call to int8 (one scale per head row, signed), the keys decoded as 4k + 11 (unsigned)
+// with 16 rows in the lanes of a vector; vpdpbusd sums q (4k + 11) four bytes at a time for 16 rows, 11 sum(q) (fixed for the
+// call) comes off once per quarter, then one float FMA per quarter and head applies the rows' scales (score, below). Values:
+// the int8 rows are widened to float and accumulated with weights p * scale / 4 (each 16 values share a quarter). As in
+// ggml's IQ2 dots, no value goes through a float lookup table.
 alignas(64) static uint64_t E8_INT8[65536];   // codeword -> 8 x int8: 4x its 8 values (hqkv.codec.e8 `grid4`, copied once)
 alignas(64) static uint64_t E8_ABS4[256];     // pattern -> 8 x int8: 4 |pattern|, coordinate 0 negated by its parity (from E8_INT8)
 
 // the G heads' int8 queries of one (sequence, KV head), for both integer paths: q [G, D] float -> r = round(q / scale), scale [G]
 // (max |q| / 127), qf [G, D] = r * scale, the query the window's exact rows are scored with (every key sees the same query), and
-// qu [G, D]: v512 (off 128): r + 128 (unsigned), in order; v2 (off 0): r (signed) in v2's order (chunk j of 32: 8 values of
-// codeword j of each quarter), and qlane [G, 8] = 11 sum r over each lane's values (v2's offset keys). Plain code: any CPU.
-static void quantize(const float* q, int64_t G, int64_t D, int off, uint8_t* qu, float* scale, float* qf, int32_t* qlane) {
+// qs [G, D]: r (signed int8), v512 in order, v2 in v2's order (chunk j of 32: 8 values of codeword j of each quarter); qlane:
+// the offset keys' share (both paths store keys as 4k + 11, unsigned), v512 [G, 8]: 11 sum r over quarter l (l < 4), v2 [G, 8]:
+// 11 sum r over each lane's values. Plain code: any CPU.
+static void quantize(const float* q, int64_t G, int64_t D, bool v512, uint8_t* qs, float* scale, float* qf, int32_t* qlane) {
     const int64_t Qg = D / 32;
     for (int64_t g = 0; g < G; ++g) {
         const float* x = q + g * D; float m = 0;
@@ -343,8 +345,8 @@ static void quantize(const float* q, int64_t G, int64_t D, int off, uint8_t* qu,
         for (int64_t d = 0; d < D; ++d) {
             const float r = nearbyintf(x[d] * inv); qf[g * D + d] = r * scale[g];
             const int64_t c = d / 8, quarter = c / Qg, j = c % Qg, t = d % 8;   // group c: codeword j of its quarter
-            if (off) qu[g * D + d] = (uint8_t)(int)(r + off);
-            else { qu[g * D + 32 * j + 8 * quarter + t] = (uint8_t)(int8_t)(int)r; qlane[8 * g + 2 * quarter + t / 4] += 11 * (int)r; }
+            if (v512) { qs[g * D + d] = (uint8_t)(int8_t)(int)r; qlane[8 * g + quarter] += 11 * (int)r; }
+            else { qs[g * D + 32 * j + 8 * quarter + t] = (uint8_t)(int8_t)(int)r; qlane[8 * g + 2 * quarter + t / 4] += 11 * (int)r; }
         }
     }
 }
@@ -356,25 +358,25 @@ static inline __m256 fold(__m512 a) { return _mm256_add_ps(_mm512_castps512_ps25
 // 8 codewords -> 64 int8 values without the 512 KiB table: the pattern (high byte) from a 256-entry table of 4|pattern|
 // (2 KiB, stays in L1; the big table is evicted by the weights between layers, and its gathers then missed L2 in the
 // engine), the low byte's signs as a byte mask (coordinate 0: the parity of the other seven) and its shift as +-1
-static inline __m512i codes8(const uint8_t* p) {
+template<int OFF = 0> static inline __m512i codes8(const uint8_t* p) {   // OFF: added to every value (keys: 11, unsigned)
     const __m128i w = _mm_loadu_si128((const __m128i*)p);
     const __m512i P = _mm512_i64gather_epi64(_mm512_cvtepu16_epi64(_mm_srli_epi16(w, 8)), (const long long*)E8_ABS4, 8);
     const uint64_t lo = (uint64_t)_mm_cvtsi128_si64(_mm_cvtepi16_epi8(w)), odd = 0x0101010101010101ull;
     uint64_t t = lo & ~odd; const uint64_t signs = t;
     t ^= t >> 4; t ^= t >> 2; t ^= t >> 1;          // bit 0 of each byte: the parity of its bits 1..7
     const __m512i v = _mm512_mask_sub_epi8(P, (__mmask64)(signs | (t & odd)), _mm512_setzero_si512(), P);
-    return _mm512_mask_add_epi8(_mm512_sub_epi8(v, _mm512_set1_epi8(1)), (__mmask64)((lo & odd) * 0xFF),
-                                _mm512_sub_epi8(v, _mm512_set1_epi8(1)), _mm512_set1_epi8(2));
+    const __m512i v0 = _mm512_add_epi8(v, _mm512_set1_epi8(OFF - 1));
+    return _mm512_mask_add_epi8(v0, (__mmask64)((lo & odd) * 0xFF), v0, _mm512_set1_epi8(2));
 }
 
 // the rows' quarter scales as floats, sc[q * BLK + i] (row i, quarter q): eight rows' 8-byte scale words by one gather, their
-// bf16 reordered by quarter with one word permute, widened to float (rows past n repeat the last one)
+// bf16 reordered by quarter with one word permute, widened to float (rows past n, to a multiple of 16, repeat the last one)
 static inline void scales(const uint8_t* base, int64_t stride, int n, const Fmt& f, float* sc) {
     alignas(64) static const uint16_t by_quarter[32] = {0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29,
                                                         2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31};
     const __m512i perm = _mm512_load_si512(by_quarter);
     const __m512i step = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7), last = _mm512_set1_epi64(n - 1);
-    for (int i0 = 0; i0 < n; i0 += 8) {
+    for (int i0 = 0; i0 < ((n + 15) & ~15); i0 += 8) {   // to a multiple of 16 rows (score reads 16 at a time)
         const __m512i rows = _mm512_min_epi64(_mm512_add_epi64(_mm512_set1_epi64(i0), step), last);
         const __m512i w = _mm512_permutexvar_epi16(perm, _mm512_i64gather_epi64(_mm512_mullo_epi64(rows, _mm512_set1_epi64(stride)),
                                                                                  (const long long*)(base + f.D / 4), 1));
@@ -385,64 +387,58 @@ static inline void scales(const uint8_t* base, int64_t stride, int n, const Fmt&
     }
 }
 
-// D = 64 (one chunk): four rows at a time. Each 128-bit lane of a row's vpdpbusd sums is one quarter, so its 4 int32 are
-// added exactly in int32 and four rows are transposed into one vector (lane q: the 4 rows' sums over quarter q), which the
-// rows' quarter scales multiply before the quarters are added: no float reduction tree per row and head
-template<int G> static void score64(const Fmt& f, const uint8_t* base, int64_t stride, int n, const uint8_t* qu, const float* qscale,
-                                    float* s) {
-    alignas(64) float sc[4 * BLK + 8];           // sc[q * BLK + i]: row i's quarter-q scale
-    scales(base, stride, n, f, sc);
-    const __m512i zero = _mm512_setzero_si512(), ones = _mm512_set1_epi8(1);
-    for (int i0 = 0; i0 < n; i0 += 4) {
-        __m512i k[4], kc[4];
-        for (int r = 0; r < 4; ++r) {             // rows past n repeat the last one (their sums are never read)
-            k[r] = codes8(base + std::min(i0 + r, n - 1) * stride);
-            kc[r] = _mm512_sub_epi32(zero, _mm512_slli_epi32(_mm512_dpbusd_epi32(zero, ones, k[r]), 7));   // -128 sum(k) per lane
-        }
-        __m512 scv = _mm512_castps128_ps512(_mm_loadu_ps(sc + i0));
-        for (int q = 1; q < 4; ++q) scv = _mm512_insertf32x4(scv, _mm_loadu_ps(sc + q * BLK + i0), q);
-        for (int g = 0; g < G; ++g) {
-            const __m512i qv = _mm512_loadu_si512(qu + 64 * g);
-            __m512i d[4];
-            for (int r = 0; r < 4; ++r) d[r] = _mm512_dpbusd_epi32(kc[r], qv, k[r]);
-            const __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(d[0], d[1]), _mm512_unpackhi_epi32(d[0], d[1]));
-            const __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(d[2], d[3]), _mm512_unpackhi_epi32(d[2], d[3]));
-            const __m512i t = _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
-            const __m256 h = fold(_mm512_mul_ps(_mm512_cvtepi32_ps(t), scv));
-            const __m128 x = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-            _mm_storeu_ps(s + g * BLK + i0, _mm_mul_ps(x, _mm_set1_ps(0.25f * qscale[g])));   // s has room past n
-        }
+// 16 rows' 64 values (r[i]: row i, dword j = values 4j..4j+3) -> r[j]: quad j of the 16 rows (dword i = row i)
+static inline void transpose16(__m512i* r) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 16; i += 2) { t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]); t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]); }
+    for (int R = 0; R < 4; ++R) {             // u[4R + m], 128-bit lane L: quad 4L + m of rows 4R..4R+3
+        const __m512i* x = t + 4 * R;
+        u[4 * R] = _mm512_unpacklo_epi64(x[0], x[2]); u[4 * R + 1] = _mm512_unpackhi_epi64(x[0], x[2]);
+        u[4 * R + 2] = _mm512_unpacklo_epi64(x[1], x[3]); u[4 * R + 3] = _mm512_unpackhi_epi64(x[1], x[3]);
+    }
+    for (int m = 0; m < 4; ++m) {             // the four row groups' lanes L of u[R..][m] -> r[4L + m]
+        const __m512i v0 = _mm512_shuffle_i32x4(u[m], u[4 + m], 0x88), v1 = _mm512_shuffle_i32x4(u[m], u[4 + m], 0xDD);
+        const __m512i v2 = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0x88), v3 = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0xDD);
+        r[m] = _mm512_shuffle_i32x4(v0, v2, 0x88); r[8 + m] = _mm512_shuffle_i32x4(v0, v2, 0xDD);
+        r[4 + m] = _mm512_shuffle_i32x4(v1, v3, 0x88); r[12 + m] = _mm512_shuffle_i32x4(v1, v3, 0xDD);
     }
 }
 
-// s[g][i] = q_g . k_i for G heads (1-8), D a multiple of 64: RB = 8/G rows at a time (8 sums share one hadd tree)
-template<int G> static void score(const Fmt& f, const uint8_t* base, int64_t stride, int n, const uint8_t* qu, const float* qscale,
-                                  const int32_t*, float* s, float* sc) {
-    if (f.D == 64) return score64<G>(f, base, stride, n, qu, qscale, s);
-    constexpr int RB = 8 / G;
-    const int CH = (int)(f.D / 64);
-    avx::E8::prep(base, stride, n, f, sc);
-    const __m512i zero = _mm512_setzero_si512(), ones = _mm512_set1_epi8(1);
-    __m512i lanes[8];                             // per 64 values: lane l -> the quarter of its group
-    for (int ch = 0; ch < CH; ++ch) { alignas(64) int32_t t[16]; for (int l = 0; l < 16; ++l) t[l] = f.blk[8 * ch + l / 2]; lanes[ch] = _mm512_load_si512(t); }
-    for (int i0 = 0; i0 < n; i0 += RB) {
-        const int rb = std::min(RB, n - i0);
-        __m512 acc[8]; __m512 sc4[RB];
-        for (int k = 0; k < 8; ++k) acc[k] = _mm512_setzero_ps();
-        for (int r = 0; r < rb; ++r) sc4[r] = _mm512_broadcast_f32x4(_mm_loadu_ps(sc + 4 * (i0 + r)));
-        for (int ch = 0; ch < CH; ++ch)
-            for (int r = 0; r < rb; ++r) {
-                const __m512i k = codes8(base + (i0 + r) * stride + 16 * ch);
-                const __m512i k128 = _mm512_sub_epi32(zero, _mm512_slli_epi32(_mm512_dpbusd_epi32(zero, ones, k), 7));
-                const __m512 kl = _mm512_permutexvar_ps(lanes[ch], sc4[r]);
-                for (int g = 0; g < G; ++g) {
-                    const __m512i d = _mm512_dpbusd_epi32(k128, _mm512_loadu_si512(qu + g * f.D + 64 * ch), k);
-                    acc[r * G + g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), kl, acc[r * G + g]);
+// acc += 4-byte dot products of x (unsigned) and the 4 signed bytes at w (broadcast), in place with the broadcast folded into
+// the instruction (GCC's intrinsic copies the accumulator between registers around each one)
+static inline void dpbusd_bcast(__m512i& acc, __m512i x, const uint8_t* w) { asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(x), "m"(*(const int32_t*)w)); }
+
+// s[g][i] = q_g . k_i for G heads (1-8), D a multiple of 64, with the rows in the lanes: 16 rows at a time, their codes decoded
+// as 4k + 11 (unsigned) and transposed so that a vector holds the same 4 values of the 16 rows; one vpdpbusd per 4 values and
+// head (the query's 4 signed bytes broadcast) sums 16 rows' products in int32 over a quarter, whose offset share (11 sum q,
+// qlane) comes off before one convert and one FMA by the 16 rows' quarter scales. No reduction across lanes: each head's
+// 16 scores are one vector. The query as quantize(v512) stores it: signed, in order.
+template<int G> static void score(const Fmt& f, const uint8_t* base, int64_t stride, int n, const uint8_t* qs, const float* qscale,
+                                  const int32_t* qlane, float* s, float*) {
+    const int D = (int)f.D, QQ = D / 16;          // quads (4 values) per quarter
+    alignas(64) float sc[4 * BLK + 8];
+    alignas(64) __m512i y[16];
+    scales(base, stride, n, f, sc);
+    for (int i0 = 0; i0 < n; i0 += 16) {
+        __m512i acc[G]; __m512 fs[G];
+        for (int g = 0; g < G; ++g) { acc[g] = _mm512_setzero_si512(); fs[g] = _mm512_setzero_ps(); }
+        for (int c = 0; c < D / 64; ++c) {
+            for (int r = 0; r < 16; ++r) y[r] = codes8<11>(base + std::min(i0 + r, n - 1) * stride + 16 * c);   // past n: the last row
+            transpose16(y);
+            for (int j = 0; j < 16; ++j) {
+                const int jj = 16 * c + j;          // quad of the row
+                #pragma GCC unroll 8
+                for (int g = 0; g < G; ++g) dpbusd_bcast(acc[g], y[j], qs + g * D + 4 * jj);
+                if ((jj + 1) % QQ == 0) {           // the end of quarter jj / QQ
+                    const int q = jj / QQ; const __m512 scq = _mm512_load_ps(sc + q * BLK + i0);
+                    for (int g = 0; g < G; ++g) {
+                        fs[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[g], _mm512_set1_epi32(qlane[8 * g + q]))), scq, fs[g]);
+                        acc[g] = _mm512_setzero_si512();
+                    }
                 }
             }
-        alignas(32) float t[8];
-        _mm256_store_ps(t, avx::hsum8(fold(acc[0]), fold(acc[1]), fold(acc[2]), fold(acc[3]), fold(acc[4]), fold(acc[5]), fold(acc[6]), fold(acc[7])));
-        for (int r = 0; r < rb; ++r) for (int g = 0; g < G; ++g) s[g * BLK + i0 + r] = 0.25f * qscale[g] * t[r * G + g];
+        }
+        for (int g = 0; g < G; ++g) _mm512_storeu_ps(s + g * BLK + i0, _mm512_mul_ps(fs[g], _mm512_set1_ps(0.25f * qscale[g])));   // s has room past n
     }
 }
 
@@ -848,7 +844,7 @@ extern "C" int hqkv_cpu_decode(const Args* ap, float* work) {   // work: [items,
         if (quant) {
             #pragma omp for schedule(static)
             for (int64_t bh = 0; bh < a.B * H; ++bh)
-                quantize(a.q + bh * G * D, G, D, g_isa == 2 ? 128 : 0, qu.data() + bh * G * D, qs.data() + bh * G, qf.data() + bh * G * D,
+                quantize(a.q + bh * G * D, G, D, g_isa == 2, qu.data() + bh * G * D, qs.data() + bh * G, qf.data() + bh * G * D,
                          qk.data() + bh * G * 8);
         }
         #pragma omp for schedule(dynamic, 1)
