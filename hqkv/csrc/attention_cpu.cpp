@@ -415,22 +415,27 @@ static inline void dpbusd_bcast(__m512i& acc, __m512i x, const uint8_t* w) { asm
 // 16 scores are one vector. The query as quantize(v512) stores it: signed, in order.
 template<int G> static void score(const Fmt& f, const uint8_t* base, int64_t stride, int n, const uint8_t* qs, const float* qscale,
                                   const int32_t* qlane, float* s, float*) {
-    const int D = (int)f.D, QQ = D / 16;          // quads (4 values) per quarter
+    const int D = (int)f.D, QQ = D / 16, qsh = __builtin_ctz(QQ), QC = std::min(QQ, 16);   // quads (4 values) per quarter; per flush
     alignas(64) float sc[4 * BLK + 8];
     alignas(64) __m512i y[16];
     scales(base, stride, n, f, sc);
     for (int i0 = 0; i0 < n; i0 += 16) {
         __m512i acc[G]; __m512 fs[G];
+        #pragma GCC unroll 8
         for (int g = 0; g < G; ++g) { acc[g] = _mm512_setzero_si512(); fs[g] = _mm512_setzero_ps(); }
         for (int c = 0; c < D / 64; ++c) {
             for (int r = 0; r < 16; ++r) y[r] = codes8<11>(base + std::min(i0 + r, n - 1) * stride + 16 * c);   // past n: the last row
             transpose16(y);
-            for (int j = 0; j < 16; ++j) {
-                const int jj = 16 * c + j;          // quad of the row
-                #pragma GCC unroll 8
-                for (int g = 0; g < G; ++g) dpbusd_bcast(acc[g], y[j], qs + g * D + 4 * jj);
-                if ((jj + 1) % QQ == 0) {           // the end of quarter jj / QQ
-                    const int q = jj / QQ; const __m512 scq = _mm512_load_ps(sc + q * BLK + i0);
+            for (int j0 = 0; j0 < 16; j0 += QC) {
+                for (int j = j0; j < j0 + QC; ++j) {
+                    const uint8_t* qj = qs + 4 * (16 * c + j);   // quad 16c + j of the row
+                    #pragma GCC unroll 8
+                    for (int g = 0; g < G; ++g) acc[g] = _mm512_dpbusd_epi32(acc[g], y[j], _mm512_set1_epi32(*(const int32_t*)(qj + g * D)));
+                }
+                const int done = 16 * c + j0 + QC;  // quads summed so far
+                if ((done & (QQ - 1)) == 0) {       // the end of quarter q
+                    const int q = (done >> qsh) - 1; const __m512 scq = _mm512_load_ps(sc + q * BLK + i0);
+                    #pragma GCC unroll 8
                     for (int g = 0; g < G; ++g) {
                         fs[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[g], _mm512_set1_epi32(qlane[8 * g + q]))), scq, fs[g]);
                         acc[g] = _mm512_setzero_si512();
@@ -438,6 +443,7 @@ template<int G> static void score(const Fmt& f, const uint8_t* base, int64_t str
                 }
             }
         }
+        #pragma GCC unroll 8
         for (int g = 0; g < G; ++g) _mm512_storeu_ps(s + g * BLK + i0, _mm512_mul_ps(fs[g], _mm512_set1_ps(0.25f * qscale[g])));   // s has room past n
     }
 }
