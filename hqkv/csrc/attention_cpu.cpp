@@ -404,15 +404,13 @@ static inline void transpose16(__m512i* r) {
     }
 }
 
-// acc += 4-byte dot products of x (unsigned) and the 4 signed bytes at w (broadcast), in place with the broadcast folded into
-// the instruction (GCC's intrinsic copies the accumulator between registers around each one)
-static inline void dpbusd_bcast(__m512i& acc, __m512i x, const uint8_t* w) { asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(x), "m"(*(const int32_t*)w)); }
-
 // s[g][i] = q_g . k_i for G heads (1-8), D a multiple of 64, with the rows in the lanes: 16 rows at a time, their codes decoded
 // as 4k + 11 (unsigned) and transposed so that a vector holds the same 4 values of the 16 rows; one vpdpbusd per 4 values and
 // head (the query's 4 signed bytes broadcast) sums 16 rows' products in int32 over a quarter, whose offset share (11 sum q,
 // qlane) comes off before one convert and one FMA by the 16 rows' quarter scales. No reduction across lanes: each head's
-// 16 scores are one vector. The query as quantize(v512) stores it: signed, in order.
+// 16 scores are one vector. The query as quantize(v512) stores it: signed, in order. The accumulators start at zero and every
+// loop over the heads is unrolled: GCC otherwise copies a shared start value into each before every vpdpbusd, or keeps the
+// array on the stack (a load and a store per product).
 template<int G> static void score(const Fmt& f, const uint8_t* base, int64_t stride, int n, const uint8_t* qs, const float* qscale,
                                   const int32_t* qlane, float* s, float*) {
     const int D = (int)f.D, QQ = D / 16, qsh = __builtin_ctz(QQ), QC = std::min(QQ, 16);   // quads (4 values) per quarter; per flush
