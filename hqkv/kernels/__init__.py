@@ -128,8 +128,12 @@ TILES = {
 # (kernel, head-dim ceiling, "keys/values" formats) -> {arch: Tile}: where the row above spills for one pair.
 # Prefill at 512 on sm_90, tbq3 keys with hq-e8-2b values: 16 B of spills at 1 stage, none at 2 (the loads of the
 # next block staged in shared memory, 116 KiB); 2 stages spill tbq3 and tbq4 alone (20-28 B)
+# Decode at 256 on sm_90, bf16 pages: 64 rows a step, measured on an H200 (kernels/results_h200_diag.log, Triton 3.6):
+# 4K x 1 0.168 -> 0.122 ms, 32K x 8 1.184 -> 0.482, 128K x 1 0.376 -> 0.225, 32K x 1 equal; no spills (kernels/resources.md).
+# hq-e8-2b keeps 16: 64 rows were faster from 32K (2.20 vs 3.02 ms at 32K x 8) but 2x slower at 4K x 1 (0.540 vs 0.279)
 FORMAT_TILES = {
     ("prefill", 512, "tbq3/hq-e8-2b"): {90: Tile(16, 16, 8, 2)},
+    ("decode", 256, "bf16"): {90: Tile(64, 0, 8, 2)},
 }
 
 def device_arch(device=None) -> int|None:

@@ -412,7 +412,7 @@ def decode(q:Tensor, # float [B, Hq, D], original domain; Hq a multiple of kv_he
     wt, wst, S, R, has_w = _window_args(window, window_slots, B, Hkv, D, dev, qr)
     o_rot = torch.empty(B, Hq, D, device=dev); lse = torch.empty(B, Hq, device=dev)
     po, pl = ws.o, ws.lse
-    t = tile("decode", D, dev)
+    t = tile("decode", D, dev, kc.name if kc.name == vc.name else f"{kc.name}/{vc.name}")   # `FORMAT_TILES`
     block_n = _block_n(t.block_n if block_n is None else block_n, PAGE)
     decode_kernel[(B, Hkv, splits)](
         qr, kp, vp, indptr, indices, last_page_len, *wt, kt, vt, po, pl,
