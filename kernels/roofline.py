@@ -57,11 +57,10 @@ def predict_decode(gpu:str, fmt:str, head_dim:int, q_heads:int, kv_heads:int, co
                    sinks:int=0, recent:int=0, page:int=64) -> dict:
     "Predicted time (us) of one decode-attention call and what bounds it (a model)."
     from hqkv.sizing import row_bytes
-    from hqkv.kernels import KERNEL_FORMATS, TILES, FORMAT_TILES
+    from hqkv.kernels import KERNEL_FORMATS, arch_tile
     g, rb = GPUS[gpu], row_bytes(fmt, head_dim)
     D, G, L = head_dim, q_heads // kv_heads, context
-    ceil = min(d for k, d in TILES if k == "decode" and d >= D)   # the launcher's tile(): a format's own row first
-    block_n = min(page, FORMAT_TILES.get(("decode", ceil, fmt), {}).get(g["arch"], TILES[("decode", ceil)][g["arch"]]).block_n)
+    block_n = min(page, arch_tile("decode", D, g["arch"], fmt).block_n)   # the launcher's tile, for that GPU
     rec_start = max(sinks, L - recent) if (sinks or recent) else L
     code_rows = math.ceil(min(rec_start, L) / block_n) * block_n
     win_rows = (min(sinks, L) + min(recent, max(L - sinks, 0))) if (sinks or recent) else 0

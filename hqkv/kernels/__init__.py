@@ -15,7 +15,7 @@ from ..attention import ExactWindow, _pair
 
 # %% auto #0
 __all__ = ['KERNEL_FORMATS', 'KERNEL_HEAD_DIMS', 'TILES', 'FORMAT_TILES', 'kernel_format', 'kernel_formats', 'interpreting',
-           'check_device', 'Tile', 'device_arch', 'tile']
+           'check_device', 'Tile', 'device_arch', 'tile', 'arch_tile']
 
 # %% ../../nbs/30a_kernels.ipynb #7acfe665
 # format name -> FORMAT constexpr (tbq: its bits)
@@ -148,11 +148,14 @@ def tile(kernel:str, # "decode", "prefill" or "store"
          formats:str|None=None, # "keys/values" (or one name): a `FORMAT_TILES` row for the pair takes precedence
         ) -> Tile:
     "The `TILES` entry for `kernel` at `head_dim` on `device`'s arch (the interpreter's row off CUDA)."
+    return arch_tile(kernel, head_dim, None if interpreting() else device_arch(device), formats)
+
+def arch_tile(kernel:str, head_dim:int, arch:int|None, formats:str|None=None) -> Tile:
+    "`tile` for a compute capability (None: the interpreter's row), e.g. for a GPU this machine does not have."
     rows = sorted((d, archs) for (k, d), archs in TILES.items() if k == kernel and d >= head_dim)
     if not rows:
         raise ValueError(f"no tile for {kernel!r} at head_dim {head_dim}; TILES covers {sorted({k for k, _ in TILES})}")
     archs = rows[0][1]
-    arch = None if interpreting() else device_arch(device)
     if arch is None: return archs[None]
     a = max(a for a in archs if a is not None and a <= max(arch, 80))
     return FORMAT_TILES.get((kernel, rows[0][0], formats), {}).get(a, archs[a])
