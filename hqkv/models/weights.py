@@ -1,4 +1,4 @@
-"""The model's linear layers as int8 weights with one float32 scale per 32 (ggml's Q8_0 layout), multiplied by a small C++ kernel that widens them in registers: a quarter of float32's bytes for the part of a short-context decode step that is the weights; int4 (Q4_1) where a layer is on a 4-bit grid already; bf16 where the CPU multiplies bf16 natively; an embedding tied to the head reads the head's rows.
+"""The model's linear layers as int8 weights with one float32 scale per 32 (ggml's Q8_0 layout), multiplied by a small C++ kernel in integers against activations quantized to int8 per 32 (as llama.cpp's Q8_0 dot): a quarter of float32's bytes for the part of a short-context decode step that is the weights; int4 (Q4_1) where a layer is on a 4-bit grid already; bf16 where the CPU multiplies bf16 natively; an embedding tied to the head reads the head's rows.
 
 Docs: https://hqkv.github.io/hqkv/models.weights.html.md"""
 
