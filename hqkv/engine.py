@@ -123,7 +123,7 @@ def _build(self:Engine, cfg:EngineConfig):
     paged = PagedKV(pool, window_sinks=cfg.window_sinks, window_recent=cfg.window_recent, attn=attn,
                     lanes=cfg.max_batch, key_profile=prof)
     # a model the backend cannot run (soft-capping on ref/triton, a profile with soft-capping): ValueError
-    runner = ModelRunner(lm, paged)
+    runner = ModelRunner(lm, paged, cfg.layers)
     self.config, self.pool, self.paged, self.runner, self.plan, self.key_profile = (
         cfg, pool, paged, runner, p, describe_key_profile(prof))
     self.bit_plan = setup.source
@@ -139,7 +139,7 @@ def plan_line(self:Engine) -> str:
     "The pool's `hqkv.runtime.vram_plan` line, the fixed state per sequence beside it, the model, the key profile."
     c = self.config
     return (f"{self.pool.plan_line()} state_per_lane={self.plan.state_bytes} lanes={c.max_batch} model={self.lm.name} "
-            f"key_profile={self.key_profile} "
+            f"layers={self.runner.layers} key_profile={self.key_profile} "
             f"bit_plan={self.bit_plan} prefill_chunk={c.prefill_chunk} step_tokens={c.step_tokens or 'none'} "
             f"prefix_reuse={self.prefix_reuse}"
             + ("" if weights_of(self.lm) == "fp32" else f" weights={weights_of(self.lm)}"))

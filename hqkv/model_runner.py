@@ -12,6 +12,7 @@ from .pagedkv import PagedKV
 from .backends import StepPlan, gqa_attention
 from .models.identity import text_config
 from .models.load import LoadedLM, head_dim_of
+from .lean import LAYERS, lean_refusal, install_lean, remove_lean
 
 # %% auto #0
 __all__ = ['STEP_ATTN', 'RUN_KWARG', 'LAYER_KINDS', 'running', 'SlidingRings', 'LinearStates', 'LaneCache', 'LaneStateLayer',
@@ -200,12 +201,23 @@ def layer_types(config) -> list:
     c = text_config(config)
     return list(getattr(c, "layer_types", None) or ["full_attention"] * c.num_hidden_layers)
 
+# %% ../nbs/40b_model_runner.ipynb #e160c217
+def _layers_for(model:nn.Module, layers:str) -> tuple: # ('lean' or 'transformers', why not lean under auto or None)
+    "Install `LeanLayer`s or transformers' own forwards for `layers` (auto: lean where `hqkv.lean` can)."
+    if layers not in LAYERS: raise ValueError(f"engine.layers must be one of {', '.join(LAYERS)}, got {layers!r}")
+    if layers == "transformers": remove_lean(model); return "transformers", None
+    try: install_lean(model); return "lean", None
+    except ValueError as e:
+        if layers == "lean": raise ValueError(f"engine.layers=lean: {e}: use engine.layers=auto or transformers") from None
+        remove_lean(model); return "transformers", str(e)
+
 # %% ../nbs/40b_model_runner.ipynb #bc7a1c8b
 class ModelRunner:
     "Runs a transformers causal LM a packed step at a time: full-attention layers by a `PagedKV`, others per lane."
     # the model (the runner sets its attention implementation and wraps its linear-attention modules)
     def __init__(self, lm:LoadedLM,
-                 paged:PagedKV): # its pool's layers must be the model's full-attention layers
+                 paged:PagedKV, # its pool's layers must be the model's full-attention layers
+                 layers:str="auto"): # one of `hqkv.lean.LAYERS`: the decoder layers as `LeanLayer`s or transformers' own
         model, c = lm.model, text_config(lm.model.config)
         types = layer_types(c)
         bad = sorted(set(types) - set(LAYER_KINDS))
@@ -235,8 +247,10 @@ class ModelRunner:
             if not isinstance(m, LaneStateLayer): blocks[i].linear_attn = LaneStateLayer(m, i)
         register_step_attention()
         model.set_attn_implementation(STEP_ATTN)
+        self.layers, self.lean_note = _layers_for(model, layers)
 
-    def __repr__(self): return f"ModelRunner({self.lm.name}, {self.paged!r}, state per lane {self.state_bytes:,} B)"
+    def __repr__(self):
+        return f"ModelRunner({self.lm.name}, {self.paged!r}, {self.layers} layers, state per lane {self.state_bytes:,} B)"
     @property
     def state_bytes(self) -> int:
         "Fixed bytes per lane outside the pool: sliding rings plus linear-attention states (allocated at first step)."

@@ -14,6 +14,7 @@ from .sizing import parse_budget, parse_layer_formats, layer_formats_str
 from .backends import ATTN_BACKENDS
 from .scheduler import POLICIES
 from .models.weights import WEIGHTS
+from .lean import LAYERS
 from .models.identity import DEFAULT_MODEL
 
 # %% auto #0
@@ -75,6 +76,10 @@ SETTINGS = (
             "the linear layers' weights: int8 (one scale per 32 weights; float32 models on CPU), int4 (ggml's Q4_1: "
             "half int8's bytes, coarser), bf16 (CPUs with native bf16 dot products), fp32 (as loaded) or auto "
             "(int8 where it applies)"),
+    Setting("layers", "engine.layers", "str", "auto", "--layers",
+            "the decoder layers' forward: lean (hqkv.lean: fused products, a few torch calls a layer; Llama, "
+            "Mistral, Qwen2/3 and Gemma 2/3 on CPU in float32), transformers (the model's own) or auto (lean where "
+            "it applies)"),
     Setting("attn", "engine.attn", "str", None, "--attn",
             "attention backend: gather, ref, triton or cpu (none: picked per device)", optional=True),
     Setting("key_profile", "kv.key_profile", "str", "auto", "--key-profile",
@@ -135,6 +140,8 @@ class _Checks:
         if self.dtype not in _DTYPES: raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
         if self.weights not in WEIGHTS:
             raise ValueError(f"engine.weights must be one of {', '.join(WEIGHTS)}, got {self.weights!r}")
+        if self.layers not in LAYERS:
+            raise ValueError(f"engine.layers must be one of {', '.join(LAYERS)}, got {self.layers!r}")
         try: torch.device(self.device)
         except (RuntimeError, TypeError):
             raise ValueError(f"device {self.device!r} is not a torch device (e.g. 'cpu', 'cuda', 'cuda:1')") from None
