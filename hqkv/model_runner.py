@@ -201,7 +201,7 @@ def layer_types(config) -> list:
     c = text_config(config)
     return list(getattr(c, "layer_types", None) or ["full_attention"] * c.num_hidden_layers)
 
-# %% ../nbs/40b_model_runner.ipynb #e160c217
+# %% ../nbs/40b_model_runner.ipynb #c683202c
 def _layers_for(model:nn.Module, layers:str) -> tuple: # ('lean' or 'transformers', why not lean under auto or None)
     "Install `LeanLayer`s or transformers' own forwards for `layers` (auto: lean where `hqkv.lean` can)."
     if layers not in LAYERS: raise ValueError(f"engine.layers must be one of {', '.join(LAYERS)}, got {layers!r}")

@@ -20,15 +20,28 @@ static const int64_t GS = 32;                 // weights per scale
 // ---------------------------------------------------------------- int4
 // a block of 32 weights is 16 bytes: byte j holds q of weight j in its low nibble and q of weight j + 16 in its high one
 struct XQ { std::vector<int8_t> q; std::vector<float> d, c; };   // activations [M, K] as int8, per block: scale, scale * sum(q)
-static void quant_x(const float* x, int64_t M, int64_t K, XQ& o) {   // per block of 32: scale max|x| / 127, round to nearest
+// per block of 32: scale max|x| / 127, round to nearest. With nw: each row first RMS-normalized, x / sqrt(mean(x^2) + eps) * nw
+// (the layer's norm before its products, as torch's rms_norm computes it)
+static void quant_x(const float* x, int64_t M, int64_t K, XQ& o, const float* nw = nullptr, float eps = 0) {
     const int64_t G = K / GS;
     o.q.resize(M * K); o.d.resize(M * G); o.c.resize(M * G);
-    for (int64_t b = 0; b < M * G; ++b) {
-        const float* xb = x + b * GS; float amax = 0;
-        for (int j = 0; j < GS; ++j) amax = std::max(amax, fabsf(xb[j]));
-        const float d = amax / 127, inv = amax > 0 ? 127 / amax : 0; int32_t sum = 0;
-        for (int j = 0; j < GS; ++j) { int v = (int)nearbyintf(xb[j] * inv); v = std::min(127, std::max(-127, v)); o.q[b * GS + j] = (int8_t)v; sum += v; }
-        o.d[b] = d; o.c[b] = d * (float)sum;
+    std::vector<float> h(nw ? K : 0);
+    for (int64_t m = 0; m < M; ++m) {
+        const float* xm = x + m * K;
+        if (nw) {
+            float ss = 0;
+            for (int64_t k = 0; k < K; ++k) ss += xm[k] * xm[k];
+            const float r = 1.0f / sqrtf(ss / (float)K + eps);
+            for (int64_t k = 0; k < K; ++k) h[k] = xm[k] * r * nw[k];
+            xm = h.data();
+        }
+        for (int64_t g = 0; g < G; ++g) {
+            const float* xb = xm + g * GS; const int64_t b = m * G + g; float amax = 0;
+            for (int j = 0; j < GS; ++j) amax = std::max(amax, fabsf(xb[j]));
+            const float d = amax / 127, inv = amax > 0 ? 127 / amax : 0; int32_t sum = 0;
+            for (int j = 0; j < GS; ++j) { int v = (int)nearbyintf(xb[j] * inv); v = std::min(127, std::max(-127, v)); o.q[b * GS + j] = (int8_t)v; sum += v; }
+            o.d[b] = d; o.c[b] = d * (float)sum;
+        }
     }
 }
 static void rows4_portable(const XQ& xq, int64_t M, int64_t K, const uint8_t* w, const float* s, const float* mn, int64_t n0, int64_t n1, int64_t N, float* y) {
@@ -177,6 +190,47 @@ template<int MT> static void rows8(const XQ& xq, const float* dx2, int64_t m0, i
         }
     }
 }
+// int4 with AVX-512 VNNI: two blocks (32 bytes of nibbles) per vector: the low nibbles of block g's 16 bytes are its weights
+// 0-15 and the high ones 16-31, so one 512-bit vector holds [g lo | g hi | g+1 lo | g+1 hi] (0..15, u8) against the int8
+// activations of both blocks in order; vpdpbusd (u8 x s8, no saturation) sums four products a lane; lanes 0-7 block g, 8-15 g + 1
+template<int MT> static void rows4(const XQ& xq, const float* dx2, int64_t m0, int64_t K, const uint8_t* w, const float* s, const float* mn, int64_t n0, int64_t n1, int64_t N, float* y) {
+    const int64_t G = K / GS, G2 = G / 2;
+    const __m512i half = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const int8_t* xr = xq.q.data() + m0 * K; const float* dr = xq.d.data() + m0 * G; const float* cr = xq.c.data() + m0 * G;
+    const float* d2 = dx2 + m0 * G2 * 16;
+    for (int64_t n = n0; n < n1; ++n) {
+        const uint8_t* wn = w + n * (K / 2); const float* sn = s + n * G; const float* mnn = mn + n * G;
+        if (n + 2 < n1) for (int64_t o = 0; o < K / 2; o += 64) _mm_prefetch((const char*)(wn + K + o), _MM_HINT_T0);
+        __m512 a[MT][2];
+        for (int m = 0; m < MT; ++m) { a[m][0] = _mm512_setzero_ps(); a[m][1] = _mm512_setzero_ps(); }
+        for (int64_t h = 0; h < G2; ++h) {
+            const __m256i b = _mm256_loadu_si256((const __m256i*)(wn + 32 * h));       // blocks 2h, 2h + 1: 16 bytes each
+            const __m256i lo = _mm256_and_si256(b, _mm256_set1_epi8(15)), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), _mm256_set1_epi8(15));
+            // [g lo | g hi | g+1 lo | g+1 hi]: 128-bit lanes of lo = (g, g+1), of hi = (g, g+1)
+            const __m512i wv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_permute2x128_si256(lo, hi, 0x20)),
+                                                  _mm256_permute2x128_si256(lo, hi, 0x31), 1);
+            const __m512 sv = _mm512_permutexvar_ps(half, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double*)(sn + 2 * h)))));
+            for (int m = 0; m < MT; ++m) {
+                const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, _mm512_loadu_si512(xr + m * K + 64 * h));
+                a[m][h & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(sv, _mm512_loadu_ps(d2 + m * G2 * 16 + 16 * h)), a[m][h & 1]);
+            }
+        }
+        for (int m = 0; m < MT; ++m) {
+            float t = _mm512_reduce_add_ps(_mm512_add_ps(a[m][0], a[m][1]));
+            if (G & 1) {                                                                 // an odd last block: scalar
+                const int64_t g = G - 1; const uint8_t* bb = wn + 16 * g; const int8_t* xb = xr + m * K + g * GS; int32_t u = 0;
+                for (int j = 0; j < 16; ++j) u += (bb[j] & 15) * xb[j] + (bb[j] >> 4) * xb[j + 16];
+                t += sn[g] * dr[m * G + g] * (float)u;
+            }
+            __m512 o = _mm512_setzero_ps();                                              // the mins: sum_g m[g] * c[m, g]
+            for (int64_t g = 0; g < G; g += 16) {
+                const __mmask16 k = G - g >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (G - g)) - 1);
+                o = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, mnn + g), _mm512_maskz_loadu_ps(k, cr + m * G + g), o);
+            }
+            y[m * N + n] = t + _mm512_reduce_add_ps(o);
+        }
+    }
+}
 }  // namespace v512
 #pragma GCC pop_options
 
@@ -226,7 +280,7 @@ template<int MT> static void rows(const uint16_t* xb, int64_t K, int64_t Kp, con
 }  // namespace bf
 #pragma GCC pop_options
 
-static int g_isa = -1;                        // 2: AVX-512 VNNI (int8 only; int4 runs AVX2 there), 1: AVX2 + FMA, 0: portable
+static int g_isa = -1;                        // 2: AVX-512 VNNI, 1: AVX2 + FMA, 0: portable
 
 static bool has_vnni512() {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")
@@ -243,17 +297,22 @@ extern "C" int hqkv_linear_isa(int want) {
 
 // x [M, K] float32, w [N, K] int8, s [N, K / 32] float32, y [M, N] float32; K a multiple of 32. x is quantized to int8 per block
 // of 32 (scale max|x| / 127, as the int4 product does) and every path computes the same integer sums
-extern "C" int hqkv_linear_int8(const float* x, int64_t M, int64_t K, const int8_t* w, const float* s, int64_t N, float* y, int64_t threads) {
+// AVX-512: the activation scales of two blocks, each repeated 8 times (one vector per pair of blocks and row)
+static void dup_scales(const XQ& xq, int64_t M, int64_t K, std::vector<float>& dx2) {
+    if (g_isa != 2) return;
+    const int64_t G = K / GS, G2 = G / 2;
+    dx2.resize(M * G2 * 16);
+    for (int64_t m = 0; m < M; ++m) for (int64_t h = 0; h < G2; ++h) for (int j = 0; j < 16; ++j)
+        dx2[(m * G2 + h) * 16 + j] = xq.d[m * G + 2 * h + j / 8];
+}
+
+// nw (or null) and eps: the rows of x RMS-normalized first (quant_x)
+extern "C" int hqkv_linear_int8(const float* x, int64_t M, int64_t K, const int8_t* w, const float* s, int64_t N, float* y, int64_t threads,
+                                const float* nw, float eps) {
     if (K % GS) return 1;
     if (g_isa < 0) hqkv_linear_isa(-1);
-    XQ xq; quant_x(x, M, K, xq);              // once per call, shared by every thread
-    const int64_t G = K / GS, G2 = G / 2;
-    std::vector<float> dx2;                   // AVX-512: the activation scales of two blocks, each repeated 8 times
-    if (g_isa == 2) {
-        dx2.resize(M * G2 * 16);
-        for (int64_t m = 0; m < M; ++m) for (int64_t h = 0; h < G2; ++h) for (int j = 0; j < 16; ++j)
-            dx2[(m * G2 + h) * 16 + j] = xq.d[m * G + 2 * h + j / 8];
-    }
+    XQ xq; quant_x(x, M, K, xq, nw, eps);              // once per call, shared by every thread
+    std::vector<float> dx2; dup_scales(xq, M, K, dx2);
     const int64_t NB = 16;                    // weight rows per work item
     const int64_t items = (N + NB - 1) / NB;
     #pragma omp parallel for schedule(static) num_threads((int)threads) if (threads > 1)
@@ -278,10 +337,12 @@ extern "C" int hqkv_linear_int8(const float* x, int64_t M, int64_t K, const int8
 }
 
 // x [M, K] float32, w [N, K / 2] packed int4, s and mn [N, K / 32] float32 (scales, mins), y [M, N] float32; K a multiple of 32
-extern "C" int hqkv_linear_int4(const float* x, int64_t M, int64_t K, const uint8_t* w, const float* s, const float* mn, int64_t N, float* y, int64_t threads) {
+extern "C" int hqkv_linear_int4(const float* x, int64_t M, int64_t K, const uint8_t* w, const float* s, const float* mn, int64_t N, float* y, int64_t threads,
+                                const float* nw, float eps) {
     if (K % GS) return 1;
     if (g_isa < 0) hqkv_linear_isa(-1);
-    XQ xq; quant_x(x, M, K, xq);              // once per call, shared by every thread
+    XQ xq; quant_x(x, M, K, xq, nw, eps);      // once per call, shared by every thread
+    std::vector<float> dx2; dup_scales(xq, M, K, dx2);
     const int64_t NB = 16;
     const int64_t items = (N + NB - 1) / NB;
     #pragma omp parallel for schedule(static) num_threads((int)threads) if (threads > 1)
@@ -289,10 +350,17 @@ extern "C" int hqkv_linear_int4(const float* x, int64_t M, int64_t K, const uint
         const int64_t n0 = it * NB, n1 = std::min(N, n0 + NB);
         if (g_isa == 0) { rows4_portable(xq, M, K, w, s, mn, n0, n1, N, y); continue; }
         for (int64_t m0 = 0; m0 < M; ) {
-            const int64_t left = M - m0; float* ym = y + m0 * N;
-            if (left >= 4) { avx::rows4<4>(xq, m0, K, w, s, mn, n0, n1, N, ym); m0 += 4; }
-            else if (left >= 2) { avx::rows4<2>(xq, m0, K, w, s, mn, n0, n1, N, ym); m0 += 2; }
-            else { avx::rows4<1>(xq, m0, K, w, s, mn, n0, n1, N, ym); m0 += 1; }
+            const int64_t left = M - m0; float* ym = y + m0 * N; const int mt = left >= 4 ? 4 : left >= 2 ? 2 : 1;
+            if (g_isa == 2) {
+                if (mt == 4) v512::rows4<4>(xq, dx2.data(), m0, K, w, s, mn, n0, n1, N, ym);
+                else if (mt == 2) v512::rows4<2>(xq, dx2.data(), m0, K, w, s, mn, n0, n1, N, ym);
+                else v512::rows4<1>(xq, dx2.data(), m0, K, w, s, mn, n0, n1, N, ym);
+            } else {
+                if (mt == 4) avx::rows4<4>(xq, m0, K, w, s, mn, n0, n1, N, ym);
+                else if (mt == 2) avx::rows4<2>(xq, m0, K, w, s, mn, n0, n1, N, ym);
+                else avx::rows4<1>(xq, m0, K, w, s, mn, n0, n1, N, ym);
+            }
+            m0 += mt;
         }
     }
     return 0;

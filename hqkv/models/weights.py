@@ -18,7 +18,7 @@ __all__ = ['WEIGHTS', 'GROUP', 'DIRECT_ROWS', 'BF16_DIRECT_ROWS', 'KLD_TARGET', 
            'keeps_targets', 'fastest_kept']
 
 # %% ../../nbs/16a_models.weights.ipynb #a4cf0c34
-# engine.weights (auto: int8 where it applies, `int8_refusal`; int4: where `int4_keeps`, else int8; bf16: `bf16_refusal`)
+# engine.weights (auto: as int4, where int8 applies (`int8_refusal`); int4: where `int4_keeps`, else int8; bf16: `bf16_refusal`)
 WEIGHTS = ("auto", "fp32", "bf16", "int8", "int4")
 GROUP = 32                   # weights per scale
 DIRECT_ROWS = 32             # up to this many activation rows the kernels read the int8 / int4 weights directly
@@ -30,8 +30,9 @@ def _lib() -> ctypes.CDLL:
     if _LIB is None:
         l = ctypes.CDLL(str(build("csrc/linear_cpu.cpp")))
         P, I = ctypes.c_void_p, ctypes.c_int64
-        l.hqkv_linear_int8.argtypes, l.hqkv_linear_int8.restype = [P, I, I, P, P, I, P, I], ctypes.c_int
-        l.hqkv_linear_int4.argtypes, l.hqkv_linear_int4.restype = [P, I, I, P, P, P, I, P, I], ctypes.c_int
+        F32 = ctypes.c_float
+        l.hqkv_linear_int8.argtypes, l.hqkv_linear_int8.restype = [P, I, I, P, P, I, P, I, P, F32], ctypes.c_int
+        l.hqkv_linear_int4.argtypes, l.hqkv_linear_int4.restype = [P, I, I, P, P, P, I, P, I, P, F32], ctypes.c_int
         l.hqkv_linear_dequant.argtypes, l.hqkv_linear_dequant.restype = [P, P, P, I, I, I, P, I, I], ctypes.c_int
         l.hqkv_linear_isa.argtypes, l.hqkv_linear_isa.restype = [ctypes.c_int], ctypes.c_int
         l.hqkv_linear_bf16.argtypes, l.hqkv_linear_bf16.restype = [P, I, I, P, I, P, I], ctypes.c_int
@@ -58,6 +59,7 @@ def quantize_int8(w:Tensor, # float [N, K], K a multiple of `GROUP`
 def linear_int8(x:Tensor, # float32 [M, K]
                 w:Tensor, # int8 [N, K]
                 s:Tensor, # float32 [N, K // GROUP]
+                norm:tuple|None=None, # (float32 weight [K], eps): x's rows RMS-normalized first, as `F.rms_norm`
                ) -> Tensor: # float32 [M, N]: x w^T, w scaled per group
     "The product with int8 weights on CPU (torch's threads): the kernel up to `DIRECT_ROWS` rows, else `torch.mm`."
     # beyond `DIRECT_ROWS`: float32 copies of 2,048 weight rows at a time through `torch.mm`
@@ -69,18 +71,28 @@ def linear_int8(x:Tensor, # float32 [M, K]
                          f"(K a multiple of {GROUP})")
     if not all(t.device.type == "cpu" and t.is_contiguous() for t in (x, w, s)):
         raise ValueError("linear_int8 takes contiguous CPU tensors")
-    return _linear(x, w, s, 8)
+    return _linear(x, w, s, 8, norm=_norm_arg(norm, K))
+
+def _norm_arg(norm, K):
+    if norm is None: return None
+    nw, eps = norm
+    if nw.dtype != torch.float32 or nw.shape != (K,) or not nw.is_contiguous():
+        raise ValueError(f"norm= takes a contiguous float32 weight of {K} values and an epsilon, got {nw.dtype} {tuple(nw.shape)}")
+    return nw, float(eps)
 
 # %% ../../nbs/16a_models.weights.ipynb #c3fc0331
 # checked by the caller (`Int8Linear` and `Int4Linear` check their buffers once)
-def _linear(x, w, s, bits:int, mins=None):
+# norm: (weight, eps) or None, checked by the caller: the kernel normalizes the rows as it quantizes them
+def _linear(x, w, s, bits:int, mins=None, norm=None):
     M, K = x.shape; N = w.shape[0]
     y, th, l = torch.empty(M, N), torch.get_num_threads(), _lib()
     mp = None if mins is None else mins.data_ptr()
     if M <= DIRECT_ROWS:
-        if bits == 8: l.hqkv_linear_int8(x.data_ptr(), M, K, w.data_ptr(), s.data_ptr(), N, y.data_ptr(), th)
-        else: l.hqkv_linear_int4(x.data_ptr(), M, K, w.data_ptr(), s.data_ptr(), mp, N, y.data_ptr(), th)
+        nw, eps = (None, 0.0) if norm is None else (norm[0].data_ptr(), norm[1])
+        if bits == 8: l.hqkv_linear_int8(x.data_ptr(), M, K, w.data_ptr(), s.data_ptr(), N, y.data_ptr(), th, nw, eps)
+        else: l.hqkv_linear_int4(x.data_ptr(), M, K, w.data_ptr(), s.data_ptr(), mp, N, y.data_ptr(), th, nw, eps)
         return y
+    if norm is not None: x = torch.nn.functional.rms_norm(x, (K,), *norm)
     buf = torch.empty(min(N, 2048), K)
     for n0 in range(0, N, 2048):
         n1 = min(N, n0 + 2048)
@@ -110,6 +122,7 @@ def dequantize_int4(q:Tensor, s:Tensor, m:Tensor) -> Tensor: # float32 [N, K]
 def linear_int4(x:Tensor, # float32 [M, K]
                 w:Tensor, # uint8 [N, K // 2] from `quantize_int4`
                 s:Tensor, m:Tensor, # float32 [N, K // GROUP]: scales and mins
+                norm:tuple|None=None, # (float32 weight [K], eps): x's rows RMS-normalized first, as `F.rms_norm`
                ) -> Tensor: # float32 [M, N]
     "The product with int4 weights on CPU: the integer kernel up to `DIRECT_ROWS` rows of `x`, else `torch.mm`."
     # the kernel takes the activations as int8 per block of 32; beyond: float32 copies of the weights through `torch.mm`
@@ -122,7 +135,7 @@ def linear_int4(x:Tensor, # float32 [M, K]
                          f"{tuple(m.shape)} do not fit (K a multiple of {GROUP})")
     if not all(t.device.type == "cpu" and t.is_contiguous() for t in (x, w, s, m)):
         raise ValueError("linear_int4 takes contiguous CPU tensors")
-    return _linear(x, w, s, 4, m)
+    return _linear(x, w, s, 4, m, _norm_arg(norm, K))
 
 # %% ../../nbs/16a_models.weights.ipynb #b1e2c3d7
 class Int8Linear(nn.Module):
@@ -239,6 +252,8 @@ def bf16_refusal(model:nn.Module) -> str|None: # None: bf16 weights apply
 def int4_keeps(w:Tensor, # float [N, K]
                rows:int=16384) -> bool: # rows at a time (bounds the float32 copies of a large head)
     "True when int4 loses no more of `w` than int8 (RMS error): `w` is on a 4-bit grid per `GROUP`, as a Q4_1 file's."
+    # its first 64 rows first: a layer off the grid (most) is told apart without quantizing all of it twice
+    if len(w) > 64 and not int4_keeps(w[:64]): return False
     e4 = e8 = 0.0
     for a in range(0, len(w), rows):
         x = w[a:a + rows].detach().float()
@@ -292,7 +307,7 @@ def quantize_weights(model:nn.Module, # a float32 model on CPU, changed in place
                      weights:str="int8", # one of `WEIGHTS`
                     ) -> nn.Module:
     "Every `nn.Linear` of `model` (the output head too) in the `weights` format; an embedding tied to the head reads its rows."
-    # auto: int8 where `int8_refusal` has nothing against it, else as loaded
+    # auto: as int4 where `int8_refusal` has nothing against it, else as loaded
     # int4: int4 where `int4_keeps` it, else int8; bf16: where `bf16_refusal` has nothing against it
     # other embeddings and the norms stay float32
     if weights not in WEIGHTS: raise ValueError(f"engine.weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
@@ -308,7 +323,7 @@ def quantize_weights(model:nn.Module, # a float32 model on CPU, changed in place
 
 def _linear_class(weights, c:nn.Linear):
     if weights == "bf16": return Bf16Linear
-    return Int4Linear if weights == "int4" and int4_keeps(c.weight) else Int8Linear
+    return Int4Linear if weights in ("int4", "auto") and int4_keeps(c.weight) else Int8Linear
 
 # %% ../../nbs/16a_models.weights.ipynb #f1d3272d
 KLD_TARGET = 0.01   # a default weight setting's KLD against float32 weights, at most (issue #35)
