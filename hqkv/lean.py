@@ -1,4 +1,4 @@
-"""A decoder layer's forward restated for a `ModelRunner` step in about twenty torch calls instead of transformers' ~190: one product for q, k and v, one for gate and up, `F.rms_norm`, a three-call rotary embedding; checked against the layer's own forward when installed.
+"""A decoder layer's forward restated for a `ModelRunner` step in about twenty torch calls instead of transformers' ~190: one product for q, k and v, one for gate and up (the norm before each inside the int8/int4 product), a three-call rotary embedding; checked against the layer's own forward when installed.
 
 Docs: https://hqkv.github.io/hqkv/lean.html.md"""
 
@@ -93,11 +93,14 @@ class _Rope:
 # %% ../nbs/40c_lean.ipynb #42635816
 class LeanLayer:
     "A decoder layer's forward for a `ModelRunner` step, in about twenty torch calls: one product for q, k and v, one for gate and up, `F.rms_norm`, a three-call rotary embedding."
-    def __init__(self, layer:nn.Module, rope:_Rope):
+    def __init__(self, layer:nn.Module, rope:_Rope,
+                 run_key:str="hqkv_run", # the forward keyword that carries the running `ModelRunner`
+                 running=None): # finds it in a forward's keywords, or says why not (`hqkv.model_runner.running`)
         a, m = layer.self_attn, layer.mlp
         H, D = layer.input_layernorm.weight.shape[0], a.head_dim
         self.H, self.D, self.hq, self.hk = H, D, a.q_proj.out_features // D, a.k_proj.out_features // D
-        self.li, self.scale, self.rope = a.layer_idx, a.scaling, rope
+        self.li, self.scale, self.rope, self.run_key = a.layer_idx, a.scaling, rope, run_key
+        self.running = running or (lambda kw: kw[run_key])
         self.softcap, self.window = getattr(a, "attn_logit_softcapping", None), getattr(a, "sliding_window", None)
         self.sandwich = hasattr(layer, "pre_feedforward_layernorm")
         names = ["input_layernorm", "post_attention_layernorm"] + ["pre_feedforward_layernorm", "post_feedforward_layernorm"] * self.sandwich
@@ -116,8 +119,7 @@ class LeanLayer:
         self.o, self.down = fuse([a.o_proj]), fuse([m.down_proj])
 
     def __call__(self, hidden_states:Tensor, position_embeddings=None, **kwargs) -> Tensor:
-        from hqkv.model_runner import running
-        run, x = running(kwargs), hidden_states[0]
+        run, x = self.running(kwargs), hidden_states[0]
         T, H, D, hq, hk = x.shape[0], self.H, self.D, self.hq, self.hk
         n = self.norms
         y = self.qkv(x, n[0])
@@ -151,12 +153,11 @@ class _Probe:
 
 def check_lean(layer:nn.Module, lean:LeanLayer, rows:int=7) -> float: # the largest difference over the largest output
     "Run `layer`'s own forward and `lean` on the same random rows and rotary angles (the model's attention set to the runner's)."
-    from hqkv.model_runner import RUN_KWARG
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(1, rows, lean.H, generator=gen)
     ang = torch.rand(rows, lean.D // 2, generator=gen) * rows
     pe = (torch.cat([ang, ang], -1).cos()[None], torch.cat([ang, ang], -1).sin()[None])
-    kw = {RUN_KWARG: _Probe()}
+    kw = {lean.run_key: _Probe()}
     with torch.no_grad():
         a = type(layer).forward(layer, x, position_embeddings=pe, attention_mask=None, position_ids=torch.arange(rows)[None], **kw)
         a = a[0] if isinstance(a, tuple) else a
@@ -178,14 +179,16 @@ def lean_refusal(model:nn.Module) -> str|None: # None: every decoder layer runs 
             return f"layer {i} is a {type(l).__name__}, which lean layers do not restate ({', '.join(LEAN_CLASSES)} they do)"
     return None
 
-def install_lean(model:nn.Module) -> int: # the number of layers now lean
+def install_lean(model:nn.Module, # its attention set to the runner's
+                 run_key:str="hqkv_run", running=None, # as `LeanLayer` takes them (the runner passes its own)
+                ) -> int: # the number of layers now lean
     "Every decoder layer of `model` runs as a `LeanLayer` (its forward replaced, each checked against its own); ValueError naming why not."
     why = lean_refusal(model)
     if why: raise ValueError(why)
     rope, leans = _Rope(), []
     for i, l in enumerate(_layers(model)):
         if "forward" in l.__dict__: del l.forward                 # installed before: its own forward again
-        try: lean = LeanLayer(l, rope)
+        try: lean = LeanLayer(l, rope, run_key, running)
         except (ValueError, AttributeError) as e: raise ValueError(f"layer {i} ({type(l).__name__}): {e}") from None
         err = check_lean(l, lean)
         if not err <= CHECK_TOL:

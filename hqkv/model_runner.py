@@ -206,7 +206,7 @@ def _layers_for(model:nn.Module, layers:str) -> tuple: # ('lean' or 'transformer
     "Install `LeanLayer`s or transformers' own forwards for `layers` (auto: lean where `hqkv.lean` can)."
     if layers not in LAYERS: raise ValueError(f"engine.layers must be one of {', '.join(LAYERS)}, got {layers!r}")
     if layers == "transformers": remove_lean(model); return "transformers", None
-    try: install_lean(model); return "lean", None
+    try: install_lean(model, RUN_KWARG, running); return "lean", None
     except ValueError as e:
         if layers == "lean": raise ValueError(f"engine.layers=lean: {e}: use engine.layers=auto or transformers") from None
         remove_lean(model); return "transformers", str(e)

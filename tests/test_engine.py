@@ -21,7 +21,7 @@ def test_generate_json_settings_from_flag_env_and_file(tmp_path):
     j = json.loads(r.stdout)
     assert len(j["tokens"]) == 3 and j["finish_reason"] == "length" and j["text"]
     assert j["config"] == {"model.path": "gemma-3-270m", "model.kv_format": "bf16", "vram.kv_pool_bytes": "2Ktok", "engine.max_context": 256, "engine.prefill_chunk": 1024,
-                           "engine.step_tokens": None, "engine.max_batch": 8, "engine.prefix_reuse": True, "engine.policy": "decode-first", "engine.device": "cpu", "engine.dtype": "float32", "engine.weights": "auto", "engine.attn": None,
+                           "engine.step_tokens": None, "engine.max_batch": 8, "engine.prefix_reuse": True, "engine.policy": "decode-first", "engine.device": "cpu", "engine.dtype": "float32", "engine.weights": "auto", "engine.layers": "auto", "engine.attn": None,
                            "kv.window_sinks": 8, "kv.window_recent": 64, "kv.key_profile": "auto", "kv.key_formats": "", "kv.value_formats": "", "kv.bit_plan": "auto"}
     assert j["sources"]["model.kv_format"] == "flag" and j["sources"]["vram.kv_pool_bytes"] == "env HQKV_VRAM_KV_POOL_BYTES"
     assert j["sources"]["engine.max_context"].startswith("file ") and j["sources"]["engine.prefill_chunk"] == "default"

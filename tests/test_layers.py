@@ -20,7 +20,7 @@ LAYERS = [  # lowest first; a module may import any module of a lower layer
     ["models.weights"],                 # int8 linear layers (built like the CPU attention kernels)
     ["allocator"],                      # the pool's bookkeeping: pages, reservations, prefix index (no tensors)
     ["pool"],                           # pages in bytes
-    ["backends", "scheduler"],          # attention backends behind one protocol; admission
+    ["backends", "scheduler", "lean"],  # attention backends behind one protocol; admission; decoder layers in a few calls
     ["pagedkv", "seqkv"],               # the per-step KV manager; one sequence's coded K/V in one layer (hf's rows)
     ["hf", "model_runner"],             # transformers' cache and attention hooks
     ["variants"],                       # what a quality run changes, and the paged K/V it gives a sequence

@@ -12,10 +12,10 @@ from torch import Tensor, nn
 from ..native import build, cpu_model
 
 # %% auto #0
-__all__ = ['WEIGHTS', 'GROUP', 'DIRECT_ROWS', 'BF16_DIRECT_ROWS', 'KLD_TARGET', 'quantize_int8', 'linear_int8', 'quantize_int4',
-           'dequantize_int4', 'linear_int4', 'Int8Linear', 'Int4Linear', 'native_bf16', 'linear_bf16', 'Bf16Linear',
-           'weight_bytes', 'int8_refusal', 'bf16_refusal', 'int4_keeps', 'HeadEmbedding', 'quantize_weights',
-           'keeps_targets', 'fastest_kept']
+__all__ = ['WEIGHTS', 'GROUP', 'DIRECT_ROWS', 'BF16_DIRECT_ROWS', 'KLD_TARGET', 'quantize_int8', 'linear_int8', 'int8_rows',
+           'quantize_int4', 'dequantize_int4', 'linear_int4', 'Int8Linear', 'Int4Linear', 'native_bf16', 'linear_bf16',
+           'Bf16Linear', 'weight_bytes', 'int8_refusal', 'bf16_refusal', 'int4_keeps', 'HeadEmbedding',
+           'quantize_weights', 'keeps_targets', 'fastest_kept']
 
 # %% ../../nbs/16a_models.weights.ipynb #a4cf0c34
 # engine.weights (auto: as int4, where int8 applies (`int8_refusal`); int4: where `int4_keeps`, else int8; bf16: `bf16_refusal`)
@@ -82,6 +82,12 @@ def _norm_arg(norm, K):
 
 # %% ../../nbs/16a_models.weights.ipynb #c3fc0331
 # checked by the caller (`Int8Linear` and `Int4Linear` check their buffers once)
+def int8_rows(x:Tensor) -> Tensor: # float32 [M, K]: x's rows rounded to int8 per block of `GROUP`, as the kernels round them
+    "x rounded as the int8 and int4 kernels quantize it: per block of `GROUP`, step max|x| / 127, to nearest (even at ties)."
+    g = x.reshape(len(x), -1, GROUP); amax = g.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127 / amax, 0.0)
+    return (torch.round(g * inv).clamp(-127, 127) * (amax / 127)).reshape(x.shape)
+
 # norm: (weight, eps) or None, checked by the caller: the kernel normalizes the rows as it quantizes them
 def _linear(x, w, s, bits:int, mins=None, norm=None):
     M, K = x.shape; N = w.shape[0]
@@ -93,6 +99,7 @@ def _linear(x, w, s, bits:int, mins=None, norm=None):
         else: l.hqkv_linear_int4(x.data_ptr(), M, K, w.data_ptr(), s.data_ptr(), mp, N, y.data_ptr(), th, nw, eps)
         return y
     if norm is not None: x = torch.nn.functional.rms_norm(x, (K,), *norm)
+    x = int8_rows(x)                 # the activations as the kernels take them: a row's product never depends on its batch
     buf = torch.empty(min(N, 2048), K)
     for n0 in range(0, N, 2048):
         n1 = min(N, n0 + 2048)
