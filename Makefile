@@ -87,7 +87,8 @@ bench-engine: $(STAMP)
 ## tokens/s at 1K against transformers' own forward and llama.cpp (nbs/16a_models.weights' slow cells -> nbs/results/weights.json); the
 ## decode step with lean layers and transformers' (nbs/40c_lean -> nbs/results/lean_layers.json)
 bench-weights: $(STAMP)
-	$(BIN)/nbdev-test --n-workers 1 --flags slow --timing --cell-timeout 3600 nbs/16a_models.weights.ipynb nbs/40c_lean.ipynb
+	$(BIN)/nbdev-test --n-workers 1 --flags slow --timing --cell-timeout 3600 nbs/16a_models.weights.ipynb
+	$(BIN)/nbdev-test --n-workers 1 --flags slow --timing --cell-timeout 3600 nbs/40c_lean.ipynb
 
 ## bench-plan: the bit plan's proxy against the exact per-row measurement on three real models (ranking, plans evaluated on
 ## KJV, time), then `hqkv calibrate --budget 2.5` for SmolLM2 and Qwen2.5 writing the profiles that ship in hqkv/data

@@ -124,6 +124,7 @@ def _build(self:Engine, cfg:EngineConfig):
                     lanes=cfg.max_batch, key_profile=prof)
     # a model the backend cannot run (soft-capping on ref/triton, a profile with soft-capping): ValueError
     runner = ModelRunner(lm, paged, cfg.layers)
+    if runner.lean_note: _log.info(f"engine.layers=auto: transformers' own decoder layers ({runner.lean_note})")
     self.config, self.pool, self.paged, self.runner, self.plan, self.key_profile = (
         cfg, pool, paged, runner, p, describe_key_profile(prof))
     self.bit_plan = setup.source

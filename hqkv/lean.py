@@ -92,7 +92,7 @@ class _Rope:
 
 # %% ../nbs/40c_lean.ipynb #42635816
 class LeanLayer:
-    "A decoder layer's forward for a `ModelRunner` step, in about twenty torch calls: one product for q, k and v, one for gate and up, `F.rms_norm`, a three-call rotary embedding."
+    "A decoder layer's forward for a `ModelRunner` step, in about twenty torch calls: one product for q, k and v and one for gate and up (each with its norm), a three-call rotary embedding."
     def __init__(self, layer:nn.Module, rope:_Rope,
                  run_key:str="hqkv_run", # the forward keyword that carries the running `ModelRunner`
                  running=None): # finds it in a forward's keywords, or says why not (`hqkv.model_runner.running`)
