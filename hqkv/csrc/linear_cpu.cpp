@@ -2,7 +2,8 @@
 // Built on first use by hqkv.models.weights (nbs/16a_models.weights.ipynb: the maths, the tests and the
 // measurements live there). A decode step reads every weight once, so the product is bound by memory.
 // int8: the weights (one float32 scale per 32 of a row, as ggml's Q8_0) are widened to float32 in registers,
-// 8 at a time, against float32 activations. int4 (ggml's Q4_1: w = d q + m, q in 0..15, a float32 scale and min
+// 8 at a time, against the float32 activations as they are (integer products against int8 activations, as llama.cpp's, were
+// ~8% faster in a step's products and cost Gemma 3 270M a KLD of 0.014 against float32 weights: 16a). int4 (ggml's Q4_1: w = d q + m, q in 0..15, a float32 scale and min
 // per 32): the activations are quantized once per call to int8 per block of 32 and the products are integer
 // (u8 x s8 pairs summed by maddubs), one float multiply-add per block. bf16 (on CPUs with AVX512-BF16 only): the activations rounded
 // to bf16 once per call, native bf16 dot products summed in float32. A few activation rows share each weight row.
@@ -15,33 +16,50 @@
 
 static const int64_t GS = 32;                 // weights per scale
 
-// int8 (Q8_0 x Q8_0, as llama.cpp): the activations quantized once per call to int8 per block of 32 (quant_x), a block's 32
-// products summed exactly in int32, one float multiply-add per block with the two scales
+// a layer's RMS norm before its product (nw: its weight, or null): each row x / sqrt(mean(x^2) + eps) * nw, as torch's rms_norm
+static const float* norm_rows(const float* x, int64_t M, int64_t K, const float* nw, float eps, std::vector<float>& buf) {
+    if (!nw) return x;
+    buf.resize(M * K);
+    for (int64_t m = 0; m < M; ++m) {
+        const float* xm = x + m * K; float ss = 0;
+        for (int64_t k = 0; k < K; ++k) ss += xm[k] * xm[k];
+        const float r = 1.0f / sqrtf(ss / (float)K + eps);
+        for (int64_t k = 0; k < K; ++k) buf[m * K + k] = xm[k] * r * nw[k];
+    }
+    return buf.data();
+}
+
+static void rows_portable(const float* x, int64_t M, int64_t K, const int8_t* w, const float* s, int64_t n0, int64_t n1, int64_t N, float* y) {
+    for (int64_t n = n0; n < n1; ++n) {
+        const int8_t* wn = w + n * K; const float* sn = s + n * (K / GS);
+        for (int64_t m = 0; m < M; ++m) {
+            const float* xm = x + m * K; float a = 0;
+            for (int64_t g = 0; g < K / GS; ++g) {
+                float b = 0;
+                for (int64_t j = 0; j < GS; ++j) b += (float)wn[g * GS + j] * xm[g * GS + j];
+                a += b * sn[g];
+            }
+            y[m * N + n] = a;
+        }
+    }
+}
+
 // ---------------------------------------------------------------- int4
 // a block of 32 weights is 16 bytes: byte j holds q of weight j in its low nibble and q of weight j + 16 in its high one
 struct XQ { std::vector<int8_t> q; std::vector<float> d, c; };   // activations [M, K] as int8, per block: scale, scale * sum(q)
 // per block of 32: scale max|x| / 127, round to nearest. With nw: each row first RMS-normalized, x / sqrt(mean(x^2) + eps) * nw
 // (the layer's norm before its products, as torch's rms_norm computes it)
+// per block of 32: scale max|x| / 127, round to nearest; with nw, the rows RMS-normalized first (norm_rows)
 static void quant_x(const float* x, int64_t M, int64_t K, XQ& o, const float* nw = nullptr, float eps = 0) {
     const int64_t G = K / GS;
+    std::vector<float> buf; x = norm_rows(x, M, K, nw, eps, buf);
     o.q.resize(M * K); o.d.resize(M * G); o.c.resize(M * G);
-    std::vector<float> h(nw ? K : 0);
-    for (int64_t m = 0; m < M; ++m) {
-        const float* xm = x + m * K;
-        if (nw) {
-            float ss = 0;
-            for (int64_t k = 0; k < K; ++k) ss += xm[k] * xm[k];
-            const float r = 1.0f / sqrtf(ss / (float)K + eps);
-            for (int64_t k = 0; k < K; ++k) h[k] = xm[k] * r * nw[k];
-            xm = h.data();
-        }
-        for (int64_t g = 0; g < G; ++g) {
-            const float* xb = xm + g * GS; const int64_t b = m * G + g; float amax = 0;
-            for (int j = 0; j < GS; ++j) amax = std::max(amax, fabsf(xb[j]));
-            const float d = amax / 127, inv = amax > 0 ? 127 / amax : 0; int32_t sum = 0;
-            for (int j = 0; j < GS; ++j) { int v = (int)nearbyintf(xb[j] * inv); v = std::min(127, std::max(-127, v)); o.q[b * GS + j] = (int8_t)v; sum += v; }
-            o.d[b] = d; o.c[b] = d * (float)sum;
-        }
+    for (int64_t b = 0; b < M * G; ++b) {
+        const float* xb = x + b * GS; float amax = 0;
+        for (int j = 0; j < GS; ++j) amax = std::max(amax, fabsf(xb[j]));
+        const float d = amax / 127, inv = amax > 0 ? 127 / amax : 0; int32_t sum = 0;
+        for (int j = 0; j < GS; ++j) { int v = (int)nearbyintf(xb[j] * inv); v = std::min(127, std::max(-127, v)); o.q[b * GS + j] = (int8_t)v; sum += v; }
+        o.d[b] = d; o.c[b] = d * (float)sum;
     }
 }
 static void rows4_portable(const XQ& xq, int64_t M, int64_t K, const uint8_t* w, const float* s, const float* mn, int64_t n0, int64_t n1, int64_t N, float* y) {
@@ -60,22 +78,6 @@ static void rows4_portable(const XQ& xq, int64_t M, int64_t K, const uint8_t* w,
     }
 }
 
-static void rows8_portable(const XQ& xq, int64_t M, int64_t K, const int8_t* w, const float* s, int64_t n0, int64_t n1, int64_t N, float* y) {
-    const int64_t G = K / GS;
-    for (int64_t n = n0; n < n1; ++n) {
-        const int8_t* wn = w + n * K; const float* sn = s + n * G;
-        for (int64_t m = 0; m < M; ++m) {
-            float a = 0;
-            for (int64_t g = 0; g < G; ++g) {
-                const int8_t* wb = wn + g * GS; const int8_t* xb = xq.q.data() + m * K + g * GS; int32_t t = 0;
-                for (int j = 0; j < GS; ++j) t += wb[j] * xb[j];
-                a += sn[g] * xq.d[m * G + g] * (float)t;
-            }
-            y[m * N + n] = a;
-        }
-    }
-}
-
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 #include <immintrin.h>
@@ -85,24 +87,20 @@ static inline float hsum(__m256 a) {
     x = _mm_add_ps(x, _mm_movehl_ps(x, x)); x = _mm_add_ss(x, _mm_movehdup_ps(x));
     return _mm_cvtss_f32(x);
 }
-// int8: MT activation rows (xq rows m0..) against weight rows [n0, n1); per block |w| (u8) times x with w's sign (s8) by maddubs
-// (pairs at most 2 * 127 * 127: no saturation), pairs summed to int32, one FMA with the two scales
-template<int MT> static void rows8(const XQ& xq, int64_t m0, int64_t K, const int8_t* w, const float* s, int64_t n0, int64_t n1, int64_t N, float* y) {
+// MT activation rows against weight rows [n0, n1); CH accumulators per activation row so that MT * CH FMA chains hide the latency
+template<int MT> static void rows(const float* x, int64_t K, const int8_t* w, const float* s, int64_t n0, int64_t n1, int64_t N, float* y) {
     constexpr int CH = MT == 1 ? 4 : MT == 2 ? 2 : 1;
-    const int64_t G = K / GS;
-    const __m256i ones = _mm256_set1_epi16(1);
-    const int8_t* xr = xq.q.data() + m0 * K; const float* dr = xq.d.data() + m0 * G;
     for (int64_t n = n0; n < n1; ++n) {
-        const int8_t* wn = w + n * K; const float* sn = s + n * G;
+        const int8_t* wn = w + n * K; const float* sn = s + n * (K / GS);
         if (n + 2 < n1) for (int64_t o = 0; o < K; o += 64) _mm_prefetch((const char*)(wn + 2 * K + o), _MM_HINT_T0);
         __m256 a[MT][CH];
         for (int m = 0; m < MT; ++m) for (int c = 0; c < CH; ++c) a[m][c] = _mm256_setzero_ps();
-        for (int64_t g = 0; g < G; ++g) {
-            const __m256i wv = _mm256_loadu_si256((const __m256i*)(wn + g * GS)), aw = _mm256_sign_epi8(wv, wv);
-            for (int m = 0; m < MT; ++m) {
-                const __m256i sx = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i*)(xr + m * K + g * GS)), wv);
-                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones);
-                a[m][g % CH] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(sn[g] * dr[m * G + g]), a[m][g % CH]);
+        for (int64_t g = 0; g < K / GS; ++g) {
+            const __m256 sc = _mm256_broadcast_ss(sn + g);
+            for (int c = 0; c < 4; ++c) {
+                const int64_t k = g * GS + 8 * c;
+                __m256 wv = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(wn + k)))), sc);
+                for (int m = 0; m < MT; ++m) a[m][c % CH] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + m * K + k), a[m][c % CH]);
             }
         }
         for (int m = 0; m < MT; ++m) {
@@ -151,45 +149,6 @@ template<int MT> static void rows4(const XQ& xq, int64_t m0, int64_t K, const ui
 #pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
 #include <immintrin.h>
 namespace v512 {
-// int8 with AVX-512 VNNI: two blocks (64 weights) per vector, |w| (u8) times x with w's sign (s8) by vpdpbusd, four products a
-// lane summed exactly to int32; lanes 0-7 hold block g, 8-15 block g + 1, so one FMA applies both blocks' scales (dx2: the
-// activation scales, each repeated 8 times); an odd last block by the 256-bit form
-template<int MT> static void rows8(const XQ& xq, const float* dx2, int64_t m0, int64_t K, const int8_t* w, const float* s, int64_t n0, int64_t n1, int64_t N, float* y) {
-    const int64_t G = K / GS, G2 = G / 2;
-    const __m512i half = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    const int8_t* xr = xq.q.data() + m0 * K; const float* dr = xq.d.data() + m0 * G; const float* d2 = dx2 + m0 * G2 * 16;
-    for (int64_t n = n0; n < n1; ++n) {
-        const int8_t* wn = w + n * K; const float* sn = s + n * G;
-        if (n + 2 < n1) for (int64_t o = 0; o < K; o += 64) _mm_prefetch((const char*)(wn + 2 * K + o), _MM_HINT_T0);
-        __m512 a[MT][2];
-        for (int m = 0; m < MT; ++m) { a[m][0] = _mm512_setzero_ps(); a[m][1] = _mm512_setzero_ps(); }
-        for (int64_t h = 0; h < G2; ++h) {
-            const __m512i wv = _mm512_loadu_si512(wn + 64 * h), aw = _mm512_abs_epi8(wv);
-            const __mmask64 neg = _mm512_movepi8_mask(wv);
-            const __m512 sv = _mm512_permutexvar_ps(half, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double*)(sn + 2 * h)))));
-            for (int m = 0; m < MT; ++m) {
-                const __m512i xv = _mm512_loadu_si512(xr + m * K + 64 * h);
-                const __m512i sx = _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv);
-                const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), aw, sx);
-                a[m][h & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(sv, _mm512_loadu_ps(d2 + m * G2 * 16 + 16 * h)), a[m][h & 1]);
-            }
-        }
-        for (int m = 0; m < MT; ++m) {
-            float t = _mm512_reduce_add_ps(_mm512_add_ps(a[m][0], a[m][1]));
-            if (G & 1) {
-                const int64_t g = G - 1;
-                const __m256i wv = _mm256_loadu_si256((const __m256i*)(wn + g * GS));
-                const __m256i sx = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i*)(xr + m * K + g * GS)), wv);
-                const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(wv, wv), sx);
-                const __m256 f = _mm256_cvtepi32_ps(p);
-                __m128 q = _mm_add_ps(_mm256_castps256_ps128(f), _mm256_extractf128_ps(f, 1));
-                q = _mm_add_ps(q, _mm_movehl_ps(q, q)); q = _mm_add_ss(q, _mm_movehdup_ps(q));
-                t += sn[g] * dr[m * G + g] * _mm_cvtss_f32(q);
-            }
-            y[m * N + n] = t;
-        }
-    }
-}
 // int4 with AVX-512 VNNI: two blocks (32 bytes of nibbles) per vector: the low nibbles of block g's 16 bytes are its weights
 // 0-15 and the high ones 16-31, so one 512-bit vector holds [g lo | g hi | g+1 lo | g+1 hi] (0..15, u8) against the int8
 // activations of both blocks in order; vpdpbusd (u8 x s8, no saturation) sums four products a lane; lanes 0-7 block g, 8-15 g + 1
@@ -280,7 +239,7 @@ template<int MT> static void rows(const uint16_t* xb, int64_t K, int64_t Kp, con
 }  // namespace bf
 #pragma GCC pop_options
 
-static int g_isa = -1;                        // 2: AVX-512 VNNI, 1: AVX2 + FMA, 0: portable
+static int g_isa = -1;                        // 2: AVX-512 VNNI (int4; int8 runs AVX2 there), 1: AVX2 + FMA, 0: portable
 
 static bool has_vnni512() {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")
@@ -306,30 +265,25 @@ static void dup_scales(const XQ& xq, int64_t M, int64_t K, std::vector<float>& d
         dx2[(m * G2 + h) * 16 + j] = xq.d[m * G + 2 * h + j / 8];
 }
 
-// nw (or null) and eps: the rows of x RMS-normalized first (quant_x)
+// x [M, K] float32, w [N, K] int8, s [N, K / 32] float32, y [M, N] float32; K a multiple of 32. nw (or null) and eps: the rows of
+// x RMS-normalized first (norm_rows)
 extern "C" int hqkv_linear_int8(const float* x, int64_t M, int64_t K, const int8_t* w, const float* s, int64_t N, float* y, int64_t threads,
                                 const float* nw, float eps) {
     if (K % GS) return 1;
     if (g_isa < 0) hqkv_linear_isa(-1);
-    XQ xq; quant_x(x, M, K, xq, nw, eps);              // once per call, shared by every thread
-    std::vector<float> dx2; dup_scales(xq, M, K, dx2);
+    std::vector<float> buf; x = norm_rows(x, M, K, nw, eps, buf);   // once per call, shared by every thread
     const int64_t NB = 16;                    // weight rows per work item
     const int64_t items = (N + NB - 1) / NB;
     #pragma omp parallel for schedule(static) num_threads((int)threads) if (threads > 1)
     for (int64_t it = 0; it < items; ++it) {
         const int64_t n0 = it * NB, n1 = std::min(N, n0 + NB);
-        if (g_isa == 0) { rows8_portable(xq, M, K, w, s, n0, n1, N, y); continue; }
+        if (g_isa == 0) { rows_portable(x, M, K, w, s, n0, n1, N, y); continue; }
         for (int64_t m0 = 0; m0 < M; ) {
-            const int64_t left = M - m0; float* ym = y + m0 * N; const int mt = left >= 4 ? 4 : left >= 2 ? 2 : 1;
-            if (g_isa == 2) {
-                if (mt == 4) v512::rows8<4>(xq, dx2.data(), m0, K, w, s, n0, n1, N, ym);
-                else if (mt == 2) v512::rows8<2>(xq, dx2.data(), m0, K, w, s, n0, n1, N, ym);
-                else v512::rows8<1>(xq, dx2.data(), m0, K, w, s, n0, n1, N, ym);
-            } else {
-                if (mt == 4) avx::rows8<4>(xq, m0, K, w, s, n0, n1, N, ym);
-                else if (mt == 2) avx::rows8<2>(xq, m0, K, w, s, n0, n1, N, ym);
-                else avx::rows8<1>(xq, m0, K, w, s, n0, n1, N, ym);
-            }
+            const float* xm = x + m0 * K; float* ym = y + m0 * N;
+            const int64_t left = M - m0; const int mt = left >= 4 ? 4 : left >= 2 ? 2 : 1;
+            if (mt == 4) avx::rows<4>(xm, K, w, s, n0, n1, N, ym);      // AVX-512 gains nothing here: bound by memory
+            else if (mt == 2) avx::rows<2>(xm, K, w, s, n0, n1, N, ym);
+            else avx::rows<1>(xm, K, w, s, n0, n1, N, ym);
             m0 += mt;
         }
     }

@@ -1,4 +1,4 @@
-"""The model's linear layers as int8 weights with one float32 scale per 32 (ggml's Q8_0 layout), multiplied by a small C++ kernel in integers against activations quantized to int8 per 32 (as llama.cpp's Q8_0 dot): a quarter of float32's bytes for the part of a short-context decode step that is the weights; int4 (Q4_1) where a layer is on a 4-bit grid already; bf16 where the CPU multiplies bf16 natively; an embedding tied to the head reads the head's rows.
+"""The model's linear layers as int8 weights with one float32 scale per 32 (ggml's Q8_0 layout), multiplied by a small C++ kernel that widens them in registers: a quarter of float32's bytes for the part of a short-context decode step that is the weights; int4 (Q4_1) where a layer is on a 4-bit grid already; bf16 where the CPU multiplies bf16 natively; an embedding tied to the head reads the head's rows.
 
 Docs: https://hqkv.github.io/hqkv/models.weights.html.md"""
 
@@ -82,8 +82,8 @@ def _norm_arg(norm, K):
 
 # %% ../../nbs/16a_models.weights.ipynb #c3fc0331
 # checked by the caller (`Int8Linear` and `Int4Linear` check their buffers once)
-def int8_rows(x:Tensor) -> Tensor: # float32 [M, K]: x's rows rounded to int8 per block of `GROUP`, as the kernels round them
-    "x rounded as the int8 and int4 kernels quantize it: per block of `GROUP`, step max|x| / 127, to nearest (even at ties)."
+def int8_rows(x:Tensor) -> Tensor: # float32 [M, K]: x's rows rounded to int8 per block of `GROUP`, as the int4 kernel rounds them
+    "x rounded as the int4 kernel quantizes it: per block of `GROUP`, step max|x| / 127, to nearest (even at ties)."
     g = x.reshape(len(x), -1, GROUP); amax = g.abs().amax(-1, keepdim=True)
     inv = torch.where(amax > 0, 127 / amax, 0.0)
     return (torch.round(g * inv).clamp(-127, 127) * (amax / 127)).reshape(x.shape)
@@ -99,7 +99,7 @@ def _linear(x, w, s, bits:int, mins=None, norm=None):
         else: l.hqkv_linear_int4(x.data_ptr(), M, K, w.data_ptr(), s.data_ptr(), mp, N, y.data_ptr(), th, nw, eps)
         return y
     if norm is not None: x = torch.nn.functional.rms_norm(x, (K,), *norm)
-    x = int8_rows(x)                 # the activations as the kernels take them: a row's product never depends on its batch
+    if bits == 4: x = int8_rows(x)   # the activations as the int4 kernel takes them: a row's product never depends on its batch
     buf = torch.empty(min(N, 2048), K)
     for n0 in range(0, N, 2048):
         n1 = min(N, n0 + 2048)
