@@ -138,10 +138,8 @@ class _Checks:
             raise TypeError(f"prefix_reuse must be true or false, got {self.prefix_reuse!r}")
         _int("window_sinks", self.window_sinks, 0); _int("window_recent", self.window_recent, 0)
         if self.dtype not in _DTYPES: raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
-        if self.weights not in WEIGHTS:
-            raise ValueError(f"engine.weights must be one of {', '.join(WEIGHTS)}, got {self.weights!r}")
-        if self.layers not in LAYERS:
-            raise ValueError(f"engine.layers must be one of {', '.join(LAYERS)}, got {self.layers!r}")
+        for n, ok in (("weights", WEIGHTS), ("layers", LAYERS)):
+            if getattr(self, n) not in ok: raise ValueError(f"engine.{n} must be one of {', '.join(ok)}, got {getattr(self, n)!r}")
         try: torch.device(self.device)
         except (RuntimeError, TypeError):
             raise ValueError(f"device {self.device!r} is not a torch device (e.g. 'cpu', 'cuda', 'cuda:1')") from None
