@@ -6,7 +6,7 @@ Docs: https://hqkv.github.io/hqkv/lean.html.md"""
 
 # %% ../nbs/40c_lean.ipynb #2f8a6d11
 from __future__ import annotations
-import math
+import itertools, math
 import torch, torch.nn.functional as F
 from torch import Tensor, nn
 from .models.weights import Int8Linear, Int4Linear, Bf16Linear, _linear
@@ -39,15 +39,15 @@ class FusedLinear:
         self.bias = None if mods[0].bias is None else torch.cat([m.bias.detach().float() for m in mods])
         if len(mods) == 1: self.mod = mods[0]; return                    # one layer: its own tensors
         self.mod = kind.__new__(kind); nn.Module.__init__(self.mod)      # the product's own module: the concatenated tensors
+        ends = list(itertools.accumulate(self.sizes))
         for n in _TENSORS[kind]:
             cat = torch.cat([getattr(m, n).detach() for m in mods])
             setattr(self.mod, n, cat)
-            for m, a, b in zip(mods, [0, *self._ends()][:-1], self._ends()):
+            for m, a, b in zip(mods, [0] + ends[:-1], ends):
                 if n == "weight": m.weight = nn.Parameter(cat[a:b], requires_grad=False)
                 else: setattr(m, n, cat[a:b])
-    def _ends(self): return [sum(self.sizes[:i + 1]) for i in range(len(self.sizes))]
     def __call__(self, x:Tensor, # float32 [rows, in], contiguous
-                 norm:tuple|None=None, # (weight, eps): x's rows RMS-normalized first (by the int8 / int4 kernels as they quantize)
+                 norm:tuple|None=None, # (weight, eps): x's rows RMS-normalized first (int8 / int4: by their kernels)
                 ) -> Tensor: # [rows, sum of the outputs]
         m = self.mod
         if self.kind in (Int8Linear, Int4Linear): y = _linear(x, m.weight_q, m.scales, m.bits, getattr(m, "mins", None), norm)
@@ -168,7 +168,7 @@ def check_lean(layer:nn.Module, lean:LeanLayer, rows:int=7) -> float: # the larg
 def _layers(model): return model.get_decoder().layers
 
 def lean_refusal(model:nn.Module) -> str|None: # None: every decoder layer runs lean
-    "Why `model`'s decoder layers cannot run as `LeanLayer`s (a sentence), or None. Needs the model's attention set to the runner's."
+    "Why `model`'s decoder layers cannot run as `LeanLayer`s (a sentence), or None (`install_lean` still checks each layer)."
     p = next(model.parameters())
     if p.device.type != "cpu" or p.dtype != torch.float32:
         return f"lean layers run float32 models on CPU, this one is {p.dtype} on {p.device}"

@@ -12,7 +12,7 @@ from .pagedkv import PagedKV
 from .backends import StepPlan, gqa_attention
 from .models.identity import text_config
 from .models.load import LoadedLM, head_dim_of
-from .lean import LAYERS, lean_refusal, install_lean, remove_lean
+from .lean import LAYERS, install_lean, remove_lean
 
 # %% auto #0
 __all__ = ['STEP_ATTN', 'RUN_KWARG', 'LAYER_KINDS', 'running', 'SlidingRings', 'LinearStates', 'LaneCache', 'LaneStateLayer',

@@ -81,14 +81,14 @@ def _norm_arg(norm, K):
     return nw, float(eps)
 
 # %% ../../nbs/16a_models.weights.ipynb #c3fc0331
-# checked by the caller (`Int8Linear` and `Int4Linear` check their buffers once)
 def int8_rows(x:Tensor) -> Tensor: # float32 [M, K]: x's rows rounded to int8 per block of `GROUP`, as the int4 kernel rounds them
     "x rounded as the int4 kernel quantizes it: per block of `GROUP`, step max|x| / 127, to nearest (even at ties)."
     g = x.reshape(len(x), -1, GROUP); amax = g.abs().amax(-1, keepdim=True)
     inv = torch.where(amax > 0, 127 / amax, 0.0)
     return (torch.round(g * inv).clamp(-127, 127) * (amax / 127)).reshape(x.shape)
 
-# norm: (weight, eps) or None, checked by the caller: the kernel normalizes the rows as it quantizes them
+# checked by the caller (`Int8Linear` and `Int4Linear` check their buffers once); norm: (weight, eps) or None, the
+# rows RMS-normalized first (by the kernels up to `DIRECT_ROWS`)
 def _linear(x, w, s, bits:int, mins=None, norm=None):
     M, K = x.shape; N = w.shape[0]
     y, th, l = torch.empty(M, N), torch.get_num_threads(), _lib()
