@@ -3,7 +3,8 @@
 // measurements live there). A decode step reads every weight once, so the product is bound by memory.
 // int8: the weights (one float32 scale per 32 of a row, as ggml's Q8_0) are widened to float32 in registers,
 // 8 at a time, against the float32 activations as they are (integer products against int8 activations, as llama.cpp's, were
-// ~8% faster in a step's products and cost Gemma 3 270M a KLD of 0.014 against float32 weights: 16a). int4 (ggml's Q4_1: w = d q + m, q in 0..15, a float32 scale and min
+// ~8% faster in a step's products, a probe, and cost Gemma 3 270M a KLD of 0.014 against float32 weights in a bench run of
+// commit dd50513 not kept: 16a). int4 (ggml's Q4_1: w = d q + m, q in 0..15, a float32 scale and min
 // per 32): the activations are quantized once per call to int8 per block of 32 and the products are integer
 // (u8 x s8 pairs summed by maddubs), one float multiply-add per block. bf16 (on CPUs with AVX512-BF16 only): the activations rounded
 // to bf16 once per call, native bf16 dot products summed in float32. A few activation rows share each weight row.
