@@ -117,7 +117,7 @@ def cpu_format(codec:Codec) -> tuple[_Fmt, Tensor|None]:
     if key in _FMTS: return _FMTS[key]
     if codec.name not in CPU_FORMATS:
         raise ValueError(f"hqkv.attention_cpu reads {', '.join(CPU_FORMATS)} pages, not {codec.name!r}")
-    f, tab = _Fmt(kind=CPU_FORMATS[codec.name], D=codec.head_dim), None
+    f, tab = _Fmt(kind=CPU_FORMATS[codec.name], D=codec.head_dim, row_bytes=codec.row_bytes), None  # row_bytes: kept here, read per call
     if codec.name == "hq-e8-2b":
         tab = e8_tables()
         for q, (a, b) in enumerate(codec.quarter_groups):
@@ -185,7 +185,7 @@ def _args(B:int, H:int, Gp:int, D:int, P:int, spans:Tensor, indptr:Tensor, indic
 def _point(a:_Args, qr:Tensor, k_pages, v_pages, kc, vc, window, out:Tensor, lse:Tensor|None):
     "Point a call's fields at one layer: its query buffer, pages, formats, window and outputs."
     (kf, _), (vf, _) = cpu_format(kc), cpu_format(vc)
-    a.k_row_bytes, a.v_row_bytes, a.kf, a.vf = kc.row_bytes, vc.row_bytes, ctypes.pointer(kf), ctypes.pointer(vf)
+    a.k_row_bytes, a.v_row_bytes, a.kf, a.vf = kf.row_bytes, vf.row_bytes, ctypes.pointer(kf), ctypes.pointer(vf)
     a.q, a.k_pages, a.v_pages = qr.data_ptr(), k_pages.data_ptr(), v_pages.data_ptr()
     a.out, a.lse = out.data_ptr(), (None if lse is None else lse.data_ptr())
     if window is not None:

@@ -352,7 +352,7 @@ static void quantize(const float* q, int64_t G, int64_t D, bool v512, uint8_t* q
 }
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,avx2,fma,f16c")
 namespace v512 {
 static inline __m256 fold(__m512 a) { return _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1)); }
 // 8 codewords -> 64 int8 values without the 512 KiB table: the pattern (high byte) from a 256-entry table of 4|pattern|
@@ -526,6 +526,88 @@ template<int G> static void accum_bf16(const Fmt& f, const uint8_t* base, int64_
             for (int k = 0; k < K; ++k) {
                 const __m512 v = bf16x16(row + 32 * k);
                 for (int g = 0; g < G; ++g) a[g][k] = _mm512_fmadd_ps(_mm512_set1_ps(p[g * BLK + i]), v, a[g][k]);
+            }
+        }
+        for (int g = 0; g < G; ++g) for (int k = 0; k < K; ++k) _mm512_storeu_ps(acc + g * f.D + 16 * (c0 + k), a[g][k]);
+    };
+    int c0 = 0;
+    for (; c0 + CB <= C; c0 += CB) pass(c0, std::integral_constant<int, CB>{});
+    for (; c0 < C; ++c0) pass(c0, std::integral_constant<int, 1>{});
+}
+
+// tbq rows 16 values at a time (blocks a multiple of 16 values, else avx's 8): the 16 indices (2 BITS bytes; tbq3 reads the
+// 2 bytes before them too, the block's scale or earlier indices, to make 8: nothing outside the block is read) broadcast to
+// every quadword, each lane's index moved to its low byte by one vpmultishiftqb (VBMI), and looked up by one register
+// permute (vpermps reads 4 bits) from the centroids repeated with period 2^BITS over the 16 lanes, so the bits above an index
+// need no mask. One load and two shuffles per 16 values, as bf16's widen and shift; the block's fp16 scale is folded into
+// the table (score) or the weights (accum) once per row and block
+template<int BITS> static inline __m512 tbq_table(const Fmt& f) {
+    return _mm512_permutexvar_ps(_mm512_and_si512(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                                  _mm512_set1_epi32((1 << BITS) - 1)), _mm512_loadu_ps(f.tab));
+}
+template<int BITS> static inline __m512i tbq_shifts() {      // lane j: the bit offset of index j in the broadcast word
+    alignas(64) int32_t o[16];
+    for (int j = 0; j < 16; ++j) o[j] = (BITS == 3 ? 16 : 0) + BITS * j;
+    return _mm512_load_si512(o);
+}
+template<int BITS> static inline __m512 tbq16(const uint8_t* ix, __m512i shifts, __m512 tab) {   // ix: the 16 values' indices
+    __m512i x;
+    if (BITS == 2) { int32_t w; memcpy(&w, ix, 4); x = _mm512_set1_epi32(w); }
+    else { int64_t w; memcpy(&w, ix - (BITS == 3 ? 2 : 0), 8); x = _mm512_set1_epi64(w); }
+    return _mm512_permutexvar_ps(_mm512_multishift_epi64_epi8(shifts, x), tab);
+}
+template<int BITS, int G> static void score_tbq(const Fmt& f, const uint8_t* base, int64_t stride, int n, const float* q, float* s, float* sc) {
+    if (f.D % 16 || f.block % 16) return avx::score<avx::TBQ<BITS>, G>(f, base, stride, n, q, s, sc);
+    constexpr int RB = 8 / G;                 // RB rows x G heads: 8 sums share one hadd tree (as score_bf16)
+    const int NB = (int)(f.D / f.block), CPB = (int)(f.block / 16);
+    const __m512 tab = tbq_table<BITS>(f); const __m512i sh = tbq_shifts<BITS>();
+    for (int i = 0; i < n; i += RB) {
+        const int rb = std::min(RB, n - i);
+        __m512 acc[8];
+        for (int k = 0; k < 8; ++k) acc[k] = _mm512_setzero_ps();
+        for (int bk = 0; bk < NB; ++bk) {
+            __m512 t16[RB];                   // each row's table times its block's scale
+            for (int r = 0; r < rb; ++r) t16[r] = _mm512_mul_ps(tab, _mm512_set1_ps(_cvtsh_ss(ld16(base + (i + r) * stride + bk * f.block_bytes))));
+            for (int j = 0; j < CPB; ++j) {
+                const float* qc = q + 16 * (bk * CPB + j);
+                for (int r = 0; r < rb; ++r) {
+                    const __m512 k = tbq16<BITS>(base + (i + r) * stride + bk * f.block_bytes + 2 + 2 * BITS * j, sh, t16[r]);
+                    for (int g = 0; g < G; ++g) acc[r * G + g] = _mm512_fmadd_ps(_mm512_loadu_ps(qc + g * f.D), k, acc[r * G + g]);
+                }
+            }
+        }
+        alignas(32) float t[8];
+        _mm256_store_ps(t, avx::hsum8(fold(acc[0]), fold(acc[1]), fold(acc[2]), fold(acc[3]), fold(acc[4]), fold(acc[5]), fold(acc[6]), fold(acc[7])));
+        for (int r = 0; r < rb; ++r) for (int g = 0; g < G; ++g) s[g * BLK + i + r] = t[r * G + g];
+    }
+}
+// acc[g] += sum_i p[g][i] v_i: the weights p x the row's block scale made once per block, then CB chunks of 16 values at a
+// time for all rows (G x CB <= 16 accumulators in registers), as accum_bf16
+template<int BITS, int G> static void accum_tbq(const Fmt& f, const uint8_t* base, int64_t stride, int n, const float* p, float* acc, float* sc) {
+    if (f.D % 16 || f.block % 16 || f.D / f.block > 8) return avx::accum<avx::TBQ<BITS>, G>(f, base, stride, n, p, acc, sc);
+    constexpr int CB = G == 1 ? 16 : G == 2 ? 8 : G <= 4 ? 4 : 2;
+    const int NB = (int)(f.D / f.block), CPB = (int)(f.block / 16), C = (int)(f.D / 16);
+    alignas(64) float w[8 * 8 * BLK];          // [block][g][row]: at most 8 blocks (D 512, blocks of 64) x 8 heads
+    for (int bk = 0; bk < NB; ++bk)
+        for (int i = 0; i < n; ++i) {
+            const float d = _cvtsh_ss(ld16(base + i * stride + bk * f.block_bytes));
+            for (int g = 0; g < G; ++g) w[(bk * G + g) * BLK + i] = p[g * BLK + i] * d;
+        }
+    const __m512 tab = tbq_table<BITS>(f); const __m512i sh = tbq_shifts<BITS>();
+    auto pass = [&](int c0, auto cb) {
+        constexpr int K = decltype(cb)::value;
+        int64_t off[K]; const float* wk[K];      // chunk c0 + k: its indices in the row, its block's weights
+        for (int k = 0; k < K; ++k) { const int c = c0 + k, bk = c / CPB; off[k] = bk * f.block_bytes + 2 + 2 * BITS * (c - bk * CPB); wk[k] = w + bk * G * BLK; }
+        const bool one = wk[0] == wk[K - 1];     // the K chunks share a block: each head's weight once per row
+        __m512 a[G][K];
+        for (int g = 0; g < G; ++g) for (int k = 0; k < K; ++k) a[g][k] = _mm512_loadu_ps(acc + g * f.D + 16 * (c0 + k));
+        for (int i = 0; i < n; ++i) {
+            const uint8_t* row = base + i * stride;
+            __m512 w1[G];
+            if (one) for (int g = 0; g < G; ++g) w1[g] = _mm512_set1_ps(wk[0][g * BLK + i]);
+            for (int k = 0; k < K; ++k) {
+                const __m512 v = tbq16<BITS>(row + off[k], sh, tab);
+                for (int g = 0; g < G; ++g) a[g][k] = _mm512_fmadd_ps(one ? w1[g] : _mm512_set1_ps(wk[k][g * BLK + i]), v, a[g][k]);
             }
         }
         for (int g = 0; g < G; ++g) for (int k = 0; k < K; ++k) _mm512_storeu_ps(acc + g * f.D + 16 * (c0 + k), a[g][k]);
@@ -712,8 +794,11 @@ template<class F, int... Gs> static void fill_groups(int kind, std::integer_sequ
     ((SCORE[kind][Gs] = avx::score<F, Gs + 1>, ACCUM[kind][Gs] = avx::accum<F, Gs + 1>), ...);
 }
 template<class F> static void fill(int kind) { fill_groups<F>(kind, std::make_integer_sequence<int, 8>{}); }
-template<int... Gs> static void fill_bf16_512(std::integer_sequence<int, Gs...>) {
+template<int... Gs> static void fill_512(std::integer_sequence<int, Gs...>) {
     ((SCORE[FMT_BF16][Gs] = v512::score_bf16<Gs + 1>, ACCUM[FMT_BF16][Gs] = v512::accum_bf16<Gs + 1>), ...);
+    ((SCORE[FMT_TBQ4][Gs] = v512::score_tbq<4, Gs + 1>, ACCUM[FMT_TBQ4][Gs] = v512::accum_tbq<4, Gs + 1>), ...);
+    ((SCORE[FMT_TBQ3][Gs] = v512::score_tbq<3, Gs + 1>, ACCUM[FMT_TBQ3][Gs] = v512::accum_tbq<3, Gs + 1>), ...);
+    ((SCORE[FMT_TBQ2][Gs] = v512::score_tbq<2, Gs + 1>, ACCUM[FMT_TBQ2][Gs] = v512::accum_tbq<2, Gs + 1>), ...);
 }
 static int g_isa = -1;                        // hqkv_cpu_isa's numbers; 2, 3, 4: hq-e8-2b rows as int8 (v512, v2, v2vnni), AVX2 for the rest
 
@@ -742,7 +827,7 @@ extern "C" int hqkv_cpu_isa(int want) {
     g_isa = want == -1 ? (has512 ? 2 : hasvnni ? 4 : has ? 3 : 0) : want;
     if (g_isa >= 1) { fill<avx::BF16>(FMT_BF16); fill<avx::E8>(FMT_E8); fill<avx::Q8>(FMT_Q8_0); fill<avx::Q4>(FMT_Q4_0);
                       fill<avx::TBQ<4>>(FMT_TBQ4); fill<avx::TBQ<3>>(FMT_TBQ3); fill<avx::TBQ<2>>(FMT_TBQ2); }
-    if (g_isa == 2) fill_bf16_512(std::make_integer_sequence<int, 8>{});   // bf16 rows 16 values a load
+    if (g_isa == 2) fill_512(std::make_integer_sequence<int, 8>{});   // bf16 and tbq rows 16 values at a time
     return g_isa;
 }
 
