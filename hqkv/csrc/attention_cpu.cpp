@@ -336,18 +336,24 @@ alignas(64) static uint64_t E8_ABS4[256];     // pattern -> 8 x int8: 4 |pattern
 // the offset keys' share (both paths store keys as 4k + 11, unsigned), v512 [G, 8]: 11 sum r over quarter l (l < 4), v2 [G, 8]:
 // 11 sum r over each lane's values. Plain code: any CPU.
 static void quantize(const float* q, int64_t G, int64_t D, bool v512, uint8_t* qs, float* scale, float* qf, int32_t* qlane) {
-    const int64_t Qg = D / 32;
+    const int64_t Qg = D / 32;                 // codewords per quarter
+    const float M = 12582912.0f;               // 1.5 x 2^23: (y + M) - M rounds |y| <= 2^22 to an integer, ties to even (as
+                                               // nearbyintf and torch.round; no libm call per value, no division)
     for (int64_t g = 0; g < G; ++g) {
         const float* x = q + g * D; float m = 0;
         for (int64_t d = 0; d < D; ++d) m = fmaxf(m, fabsf(x[d]));
         const float inv = m > 0 ? 127.0f / m : 0.0f; scale[g] = m / 127.0f;
         for (int k = 0; k < 8; ++k) qlane[8 * g + k] = 0;
-        for (int64_t d = 0; d < D; ++d) {
-            const float r = nearbyintf(x[d] * inv); qf[g * D + d] = r * scale[g];
-            const int64_t c = d / 8, quarter = c / Qg, j = c % Qg, t = d % 8;   // group c: codeword j of its quarter
-            if (v512) { qs[g * D + d] = (uint8_t)(int8_t)(int)r; qlane[8 * g + quarter] += 11 * (int)r; }
-            else { qs[g * D + 32 * j + 8 * quarter + t] = (uint8_t)(int8_t)(int)r; qlane[8 * g + 2 * quarter + t / 4] += 11 * (int)r; }
-        }
+        for (int64_t quarter = 0; quarter < 4; ++quarter)
+            for (int64_t j = 0; j < Qg; ++j) {   // codeword j of the quarter: values d0 .. d0 + 7
+                const int64_t d0 = 8 * (quarter * Qg + j);
+                uint8_t* o = qs + g * D + (v512 ? d0 : 32 * j + 8 * quarter);
+                for (int t = 0; t < 8; ++t) {
+                    const float r = (x[d0 + t] * inv + M) - M; const int ri = (int)r;
+                    qf[g * D + d0 + t] = r * scale[g]; o[t] = (uint8_t)(int8_t)ri;
+                    qlane[8 * g + (v512 ? quarter : 2 * quarter + t / 4)] += 11 * ri;
+                }
+            }
     }
 }
 
@@ -556,29 +562,42 @@ template<int BITS> static inline __m512 tbq16(const uint8_t* ix, __m512i shifts,
     else { int64_t w; memcpy(&w, ix - (BITS == 3 ? 2 : 0), 8); x = _mm512_set1_epi64(w); }
     return _mm512_permutexvar_ps(_mm512_multishift_epi64_epi8(shifts, x), tab);
 }
+// s[g][i] = q_g . k_i with 16 rows in the lanes (as hq-e8-2b's integer keys, so no sum across lanes): per group of 8 values
+// one gather of the 16 rows' 4 index bytes that end with the group's (nothing outside the block is read), then per value a
+// shift and the permute above give the 16 rows' centroids, and one FMA per head with the query value broadcast; per block
+// the 16 rows' fp16 scales (one gather) multiply the block's sums
 template<int BITS, int G> static void score_tbq(const Fmt& f, const uint8_t* base, int64_t stride, int n, const float* q, float* s, float* sc) {
-    if (f.D % 16 || f.block % 16) return avx::score<avx::TBQ<BITS>, G>(f, base, stride, n, q, s, sc);
-    constexpr int RB = 8 / G;                 // RB rows x G heads: 8 sums share one hadd tree (as score_bf16)
-    const int NB = (int)(f.D / f.block), CPB = (int)(f.block / 16);
-    const __m512 tab = tbq_table<BITS>(f); const __m512i sh = tbq_shifts<BITS>();
-    for (int i = 0; i < n; i += RB) {
-        const int rb = std::min(RB, n - i);
-        __m512 acc[8];
-        for (int k = 0; k < 8; ++k) acc[k] = _mm512_setzero_ps();
+    if (f.block % 8 || 16 * stride > INT32_MAX) return avx::score<avx::TBQ<BITS>, G>(f, base, stride, n, q, s, sc);
+    const int NB = (int)(f.D / f.block), GPB = (int)(f.block / 8);
+    const __m512 tab = tbq_table<BITS>(f);
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int i0 = 0; i0 < n; i0 += 16) {      // rows past n: the last row again (s has room for them; never read)
+        const __m512i off = _mm512_mullo_epi32(_mm512_min_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(i0)), _mm512_set1_epi32(n - 1)),
+                                               _mm512_set1_epi32((int)stride));
+        __m512 tot[G];
+        #pragma GCC unroll 8
+        for (int g = 0; g < G; ++g) tot[g] = _mm512_setzero_ps();
         for (int bk = 0; bk < NB; ++bk) {
-            __m512 t16[RB];                   // each row's table times its block's scale
-            for (int r = 0; r < rb; ++r) t16[r] = _mm512_mul_ps(tab, _mm512_set1_ps(_cvtsh_ss(ld16(base + (i + r) * stride + bk * f.block_bytes))));
-            for (int j = 0; j < CPB; ++j) {
-                const float* qc = q + 16 * (bk * CPB + j);
-                for (int r = 0; r < rb; ++r) {
-                    const __m512 k = tbq16<BITS>(base + (i + r) * stride + bk * f.block_bytes + 2 + 2 * BITS * j, sh, t16[r]);
-                    for (int g = 0; g < G; ++g) acc[r * G + g] = _mm512_fmadd_ps(_mm512_loadu_ps(qc + g * f.D), k, acc[r * G + g]);
+            const uint8_t* bb = base + bk * f.block_bytes;
+            __m512 acc[G];
+            #pragma GCC unroll 8
+            for (int g = 0; g < G; ++g) acc[g] = _mm512_setzero_ps();
+            for (int c = 0; c < GPB; ++c) {
+                const __m512i x = _mm512_i32gather_epi32(off, (const int*)(bb + c * BITS + BITS - 2), 1);   // the group's bits at 8 (4 - BITS)
+                const float* qc = q + 8 * (bk * GPB + c);
+                #pragma GCC unroll 8
+                for (int t = 0; t < 8; ++t) {
+                    const __m512 v = _mm512_permutexvar_ps(_mm512_srli_epi32(x, 8 * (4 - BITS) + BITS * t), tab);
+                    #pragma GCC unroll 8
+                    for (int g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(qc[g * f.D + t]), v, acc[g]);
                 }
             }
+            const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(off, (const int*)bb, 1)));   // the rows' block scales
+            #pragma GCC unroll 8
+            for (int g = 0; g < G; ++g) tot[g] = _mm512_fmadd_ps(acc[g], d, tot[g]);
         }
-        alignas(32) float t[8];
-        _mm256_store_ps(t, avx::hsum8(fold(acc[0]), fold(acc[1]), fold(acc[2]), fold(acc[3]), fold(acc[4]), fold(acc[5]), fold(acc[6]), fold(acc[7])));
-        for (int r = 0; r < rb; ++r) for (int g = 0; g < G; ++g) s[g * BLK + i + r] = t[r * G + g];
+        #pragma GCC unroll 8
+        for (int g = 0; g < G; ++g) _mm512_storeu_ps(s + g * BLK + i0, tot[g]);
     }
 }
 // acc[g] += sum_i p[g][i] v_i: the weights p x the row's block scale made once per block, then CB chunks of 16 values at a
