@@ -250,6 +250,42 @@ template<class F, int G> static void score(const Fmt& f, const uint8_t* base, in
     }
 }
 
+// tbq keys with 8 rows in the lanes (v512::score_tbq on 8 lanes; no sum across lanes): per group of 8 values one gather of
+// the 8 rows' 4 index bytes that end with the group's, then per value a shift and a permute (tbq4: two and a blend) give the
+// rows' centroids, times the rows' block scales, and one FMA per head
+template<int BITS, int G> static void score_tbq(const Fmt& f, const uint8_t* base, int64_t stride, int n, const float* q, float* s, float* sc) {
+    if (f.block % 8 || 8 * stride > INT32_MAX) return score<TBQ<BITS>, G>(f, base, stride, n, q, s, sc);
+    const int NB = (int)(f.D / f.block), GPB = (int)(f.block / 8);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256 lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps(f.tab), _mm256_and_si256(lane, _mm256_set1_epi32((1 << BITS) - 1)));
+    const __m256 hi = _mm256_loadu_ps(f.tab + 8);   // tbq4's centroids 8..15
+    for (int i0 = 0; i0 < n; i0 += 8) {       // rows past n: the last row again (s has room for them; never read)
+        const __m256i off = _mm256_mullo_epi32(_mm256_min_epi32(_mm256_add_epi32(lane, _mm256_set1_epi32(i0)), _mm256_set1_epi32(n - 1)),
+                                               _mm256_set1_epi32((int)stride));
+        __m256 acc[G];
+        for (int g = 0; g < G; ++g) acc[g] = _mm256_setzero_ps();
+        for (int bk = 0; bk < NB; ++bk) {
+            const uint8_t* bb = base + bk * f.block_bytes;
+            alignas(32) float d8[8];
+            for (int r = 0; r < 8; ++r) d8[r] = _cvtsh_ss(ld16(bb + std::min(i0 + r, n - 1) * stride));
+            const __m256 d = _mm256_load_ps(d8);
+            for (int c = 0; c < GPB; ++c) {
+                const __m256i x = _mm256_i32gather_epi32((const int*)(bb + c * BITS + BITS - 2), off, 1);   // the group's bits at 8 (4 - BITS)
+                const float* qc = q + 8 * (bk * GPB + c);
+                #pragma GCC unroll 8
+                for (int t = 0; t < 8; ++t) {
+                    const __m256i id = _mm256_srli_epi32(x, 8 * (4 - BITS) + BITS * t);
+                    __m256 v = _mm256_permutevar8x32_ps(lo, id);
+                    if (BITS == 4) v = _mm256_blendv_ps(v, _mm256_permutevar8x32_ps(hi, id), _mm256_castsi256_ps(_mm256_slli_epi32(id, 28)));
+                    v = _mm256_mul_ps(v, d);
+                    for (int g = 0; g < G; ++g) acc[g] = _mm256_fmadd_ps(_mm256_set1_ps(qc[g * f.D + t]), v, acc[g]);
+                }
+            }
+        }
+        for (int g = 0; g < G; ++g) _mm256_storeu_ps(s + g * BLK + i0, acc[g]);
+    }
+}
+
 // acc[g] += sum_i p[g][i] v_i: CB chunks of 8 values at a time for all rows of the block, the G x CB accumulators in
 // registers (acc in memory would chain every row's update through a store and a load)
 template<class F, int G> static void accum(const Fmt& f, const uint8_t* base, int64_t stride, int n, const float* p, float* acc, float* sc) {
@@ -813,6 +849,9 @@ template<class F, int... Gs> static void fill_groups(int kind, std::integer_sequ
     ((SCORE[kind][Gs] = avx::score<F, Gs + 1>, ACCUM[kind][Gs] = avx::accum<F, Gs + 1>), ...);
 }
 template<class F> static void fill(int kind) { fill_groups<F>(kind, std::make_integer_sequence<int, 8>{}); }
+template<int BITS, int... Gs> static void fill_tbq_keys(int kind, std::integer_sequence<int, Gs...>) {   // rows in the lanes
+    ((SCORE[kind][Gs] = avx::score_tbq<BITS, Gs + 1>), ...);
+}
 template<int... Gs> static void fill_512(std::integer_sequence<int, Gs...>) {
     ((SCORE[FMT_BF16][Gs] = v512::score_bf16<Gs + 1>, ACCUM[FMT_BF16][Gs] = v512::accum_bf16<Gs + 1>), ...);
     ((SCORE[FMT_TBQ4][Gs] = v512::score_tbq<4, Gs + 1>, ACCUM[FMT_TBQ4][Gs] = v512::accum_tbq<4, Gs + 1>), ...);
@@ -845,7 +884,9 @@ extern "C" int hqkv_cpu_isa(int want) {
     if (((want == 1 || want == 3) && !has) || (want == 2 && !has512) || (want == 4 && !hasvnni)) return -1;
     g_isa = want == -1 ? (has512 ? 2 : hasvnni ? 4 : has ? 3 : 0) : want;
     if (g_isa >= 1) { fill<avx::BF16>(FMT_BF16); fill<avx::E8>(FMT_E8); fill<avx::Q8>(FMT_Q8_0); fill<avx::Q4>(FMT_Q4_0);
-                      fill<avx::TBQ<4>>(FMT_TBQ4); fill<avx::TBQ<3>>(FMT_TBQ3); fill<avx::TBQ<2>>(FMT_TBQ2); }
+                      fill<avx::TBQ<4>>(FMT_TBQ4); fill<avx::TBQ<3>>(FMT_TBQ3); fill<avx::TBQ<2>>(FMT_TBQ2);
+                      fill_tbq_keys<4>(FMT_TBQ4, std::make_integer_sequence<int, 8>{}); fill_tbq_keys<3>(FMT_TBQ3, std::make_integer_sequence<int, 8>{});
+                      fill_tbq_keys<2>(FMT_TBQ2, std::make_integer_sequence<int, 8>{}); }
     if (g_isa == 2) fill_512(std::make_integer_sequence<int, 8>{});   // bf16 and tbq rows 16 values at a time
     return g_isa;
 }
@@ -1014,6 +1055,30 @@ static void map_row(const float* __restrict x, const float* __restrict M, float 
     }
     for (int64_t j = 0; j < D; ++j) y[j] = acc[j];
 }
+// y[r] = x[r] M for R rows that share M (D a multiple of 16): two rows and 32 columns at a time with the sums in registers
+// (map_row keeps its row in memory, a load and a store per FMA) and M read once per two rows; each sum adds the same
+// products in the same order as map_row's
+typedef float vf16 __attribute__((vector_size(64)));
+template<int JN> static inline void map_block(const float* __restrict x0, const float* __restrict x1, const float* __restrict M, int64_t D,
+                                              int64_t j0, float* __restrict y0, float* __restrict y1) {   // x1, y1: null for one row
+    vf16 a0[JN], a1[JN];
+    for (int k = 0; k < JN; ++k) { a0[k] = vf16{} ; a1[k] = vf16{}; }
+    for (int64_t i = 0; i < D; ++i) {
+        const float u = x0[i], w = x1 ? x1[i] : 0.0f;
+        for (int k = 0; k < JN; ++k) { vf16 m; memcpy(&m, M + i * D + j0 + 16 * k, 64); a0[k] += u * m; a1[k] += w * m; }
+    }
+    for (int k = 0; k < JN; ++k) { memcpy(y0 + j0 + 16 * k, &a0[k], 64); if (y1) memcpy(y1 + j0 + 16 * k, &a1[k], 64); }
+}
+__attribute__((target_clones("avx512f", "avx2", "default")))
+static void map_rows(const float* __restrict x, int64_t R, int64_t xs, const float* __restrict M, float s, int64_t D, float* __restrict y, int64_t ys) {
+    if (!M || D % 16) { for (int64_t r = 0; r < R; ++r) map_row(x + r * xs, M, s, D, y + r * ys); return; }
+    for (int64_t r = 0; r < R; r += 2) {
+        const float* x1 = r + 1 < R ? x + (r + 1) * xs : nullptr; float* y1 = r + 1 < R ? y + (r + 1) * ys : nullptr;
+        int64_t j0 = 0;
+        for (; j0 + 32 <= D; j0 += 32) map_block<2>(x + r * xs, x1, M, D, j0, y + r * ys, y1);
+        for (; j0 < D; j0 += 16) map_block<1>(x + r * xs, x1, M, D, j0, y + r * ys, y1);
+    }
+}
 static inline uint16_t f2bf(float f) {       // float -> bf16, round to nearest even (as torch's .to(bfloat16))
     uint32_t u; memcpy(&u, &f, 4);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);   // NaN stays NaN
@@ -1038,14 +1103,14 @@ extern "C" int hqkv_cpu_decode_folded(const Args* ap, const Fold* fp, float* wor
             f.lens[lane] = p + 1;
         }
         for (int64_t h = 0; h < H && kd; ++h) {
-            map_row(f.k + (b * H + h) * D, f.km ? f.km + (f.km_heads > 1 ? h : 0) * DD : nullptr, 1.0f, D, y);
+            map_rows(f.k + (b * H + h) * D, 1, D, f.km ? f.km + (f.km_heads > 1 ? h : 0) * DD : nullptr, 1.0f, D, y, D);
             for (int64_t d = 0; d < D; ++d) kd[h * D + d] = f2bf(f.kb ? y[d] + f.kb[h * D + d] : y[d]);
-            map_row(f.v + (b * H + h) * D, f.vm ? f.vm + (f.vm_heads > 1 ? h : 0) * DD : nullptr, 1.0f, D, y);
+            map_rows(f.v + (b * H + h) * D, 1, D, f.vm ? f.vm + (f.vm_heads > 1 ? h : 0) * DD : nullptr, 1.0f, D, y, D);
             for (int64_t d = 0; d < D; ++d) vd[h * D + d] = f2bf(y[d]);
         }
         for (int64_t h = 0; h < H; ++h) {
             const float* qm = f.qm ? f.qm + (f.qm_heads > 1 ? h : 0) * DD : nullptr;
-            for (int64_t g = 0; g < G; ++g) map_row(f.q + ((b * H + h) * G + g) * D, qm, f.scale, D, qb + ((b * H + h) * Gp + g) * D);
+            map_rows(f.q + (b * H + h) * G * D, G, D, qm, f.scale, D, qb + (b * H + h) * Gp * D, D);   // the G heads share qm
         }
     }
     int rc = hqkv_cpu_decode(ap, work);
@@ -1053,7 +1118,7 @@ extern "C" int hqkv_cpu_decode_folded(const Args* ap, const Fold* fp, float* wor
     #pragma omp parallel for num_threads((int)a.threads) if (a.threads > 1 && B > 1)
     for (int64_t bh = 0; bh < B * H; ++bh) {   // the output back to the model's domain (a.out holds the values' domain)
         const float* om = f.om ? f.om + (f.om_heads > 1 ? bh % H : 0) * DD : nullptr;
-        for (int64_t g = 0; g < G; ++g) map_row(a.out + (bh * Gp + g) * D, om, 1.0f, D, f.out + (bh * G + g) * D);
+        map_rows(a.out + bh * Gp * D, G, D, om, 1.0f, D, f.out + bh * G * D, D);
     }
     return 0;
 }
