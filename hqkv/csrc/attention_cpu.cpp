@@ -581,8 +581,8 @@ template<int G> static void accum_bf16(const Fmt& f, const uint8_t* base, int64_
 // 2 bytes before them too, the block's scale or earlier indices, to make 8: nothing outside the block is read) broadcast to
 // every quadword, each lane's index moved to its low byte by one vpmultishiftqb (VBMI), and looked up by one register
 // permute (vpermps reads 4 bits) from the centroids repeated with period 2^BITS over the 16 lanes, so the bits above an index
-// need no mask. One load and two shuffles per 16 values, as bf16's widen and shift; the block's fp16 scale is folded into
-// the table (score) or the weights (accum) once per row and block
+// need no mask. One load and two shuffles per 16 values, as bf16's widen and shift (accum_tbq, whose weights take the block's
+// fp16 scale once per row and block; score_tbq, below, looks up 16 rows' values at a time instead)
 template<int BITS> static inline __m512 tbq_table(const Fmt& f) {
     return _mm512_permutexvar_ps(_mm512_and_si512(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                                   _mm512_set1_epi32((1 << BITS) - 1)), _mm512_loadu_ps(f.tab));
