@@ -1059,25 +1059,27 @@ static void map_row(const float* __restrict x, const float* __restrict M, float 
 // (map_row keeps its row in memory, a load and a store per FMA) and M read once per two rows; each sum adds the same
 // products in the same order as map_row's
 typedef float vf16 __attribute__((vector_size(64)));
-template<int JN> static inline void map_block(const float* __restrict x0, const float* __restrict x1, const float* __restrict M, int64_t D,
-                                              int64_t j0, float* __restrict y0, float* __restrict y1) {   // x1, y1: null for one row
+template<int JN, bool TWO> static inline void map_block(const float* __restrict x0, const float* __restrict x1, const float* __restrict M,
+                                                        int64_t D, int64_t j0, float* __restrict y0, float* __restrict y1) {   // TWO: x1, y1 too
     vf16 a0[JN], a1[JN];
-    for (int k = 0; k < JN; ++k) { a0[k] = vf16{} ; a1[k] = vf16{}; }
+    for (int k = 0; k < JN; ++k) { a0[k] = vf16{}; a1[k] = vf16{}; }
     for (int64_t i = 0; i < D; ++i) {
-        const float u = x0[i], w = x1 ? x1[i] : 0.0f;
-        for (int k = 0; k < JN; ++k) { vf16 m; memcpy(&m, M + i * D + j0 + 16 * k, 64); a0[k] += u * m; a1[k] += w * m; }
+        const float u = x0[i], w = TWO ? x1[i] : 0.0f;
+        for (int k = 0; k < JN; ++k) { vf16 m; memcpy(&m, M + i * D + j0 + 16 * k, 64); a0[k] += u * m; if (TWO) a1[k] += w * m; }
     }
-    for (int k = 0; k < JN; ++k) { memcpy(y0 + j0 + 16 * k, &a0[k], 64); if (y1) memcpy(y1 + j0 + 16 * k, &a1[k], 64); }
+    for (int k = 0; k < JN; ++k) { memcpy(y0 + j0 + 16 * k, &a0[k], 64); if (TWO) memcpy(y1 + j0 + 16 * k, &a1[k], 64); }
+}
+template<bool TWO> static inline void map_pair(const float* x0, const float* x1, const float* M, int64_t D, float* y0, float* y1) {
+    int64_t j0 = 0;
+    for (; j0 + 32 <= D; j0 += 32) map_block<2, TWO>(x0, x1, M, D, j0, y0, y1);
+    for (; j0 < D; j0 += 16) map_block<1, TWO>(x0, x1, M, D, j0, y0, y1);
 }
 __attribute__((target_clones("avx512f", "avx2", "default")))
 static void map_rows(const float* __restrict x, int64_t R, int64_t xs, const float* __restrict M, float s, int64_t D, float* __restrict y, int64_t ys) {
     if (!M || D % 16) { for (int64_t r = 0; r < R; ++r) map_row(x + r * xs, M, s, D, y + r * ys); return; }
-    for (int64_t r = 0; r < R; r += 2) {
-        const float* x1 = r + 1 < R ? x + (r + 1) * xs : nullptr; float* y1 = r + 1 < R ? y + (r + 1) * ys : nullptr;
-        int64_t j0 = 0;
-        for (; j0 + 32 <= D; j0 += 32) map_block<2>(x + r * xs, x1, M, D, j0, y + r * ys, y1);
-        for (; j0 < D; j0 += 16) map_block<1>(x + r * xs, x1, M, D, j0, y + r * ys, y1);
-    }
+    int64_t r = 0;
+    for (; r + 2 <= R; r += 2) map_pair<true>(x + r * xs, x + (r + 1) * xs, M, D, y + r * ys, y + (r + 1) * ys);
+    if (r < R) map_pair<false>(x + r * xs, nullptr, M, D, y + r * ys, nullptr);   // an odd row alone (keys and values: one each)
 }
 static inline uint16_t f2bf(float f) {       // float -> bf16, round to nearest even (as torch's .to(bfloat16))
     uint32_t u; memcpy(&u, &f, 4);
