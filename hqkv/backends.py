@@ -20,9 +20,9 @@ from .layer_maps import layer_maps
 
 
 # %% auto #0
-__all__ = ['ATTN_BACKENDS', 'StepPlan', 'AttnBackend', 'encode_store', 'gqa_attention', 'GatherDecode', 'GatherPlan',
-           'gqa_padded', 'GatherAttn', 'page_rows_decoded', 'PagedPlan', 'PagedAttn', 'triton_kernels_read',
-           'get_backend', 'cpu_kernels_read', 'default_backend']
+__all__ = ['ATTN_BACKENDS', 'StepPlan', 'AttnBackend', 'encode_store', 'store_rows', 'gqa_attention', 'GatherDecode',
+           'GatherPlan', 'gqa_padded', 'GatherAttn', 'page_rows_decoded', 'PagedPlan', 'PagedAttn',
+           'triton_kernels_read', 'get_backend', 'cpu_kernels_read', 'default_backend']
 
 # %% ../nbs/36_backends.ipynb #e9dde35e
 @dataclass(slots=True, eq=False)
@@ -36,7 +36,8 @@ class StepPlan:
     positions: Tensor         # int64 [rows]: every row's position
     write_rows: Tensor|None   # rows whose K/V are coded now (shared prefix pages and deferred decode rows are not) ...
     write_slots: Tensor|None  # ... and the flat page rows they go to
-    flush: tuple = ()         # (lane, first, end, slots): deferred rows coded from the window in this step
+    flush: tuple = ()         # (lane, first, end, slots): deferred rows coded from the window before the step's rows ...
+    complete: tuple = ()      # ... and, the same way, pages the step's decode rows complete, coded when the step ends
     attn: object = None       # what the attention backend planned (page tables or gather indices)
     undo: tuple = ()          # a `SeqUndo` per sequence: what to put back if the step fails
     layers_done: int = 0      # pool layers run so far
@@ -58,12 +59,14 @@ class AttnBackend(Protocol):
     "How a `PagedKV` stores a step's new rows and attends over pages: planned once per step, run once per layer."
     name: str
     softcap: bool        # whether it applies attention-logit soft-capping (Gemma 2)
-    # whether decode rows may wait in the window for their page (a CPU codec call per row costs more than the attention)
+    # whether decode rows may wait in the window for their page (a CPU codec call per row costs more than the attention);
+    # `PagedKV` codes a full page's rows from the window (`Codec.encode_rotated`) and hands them to `store_rows`
     defers_codes: bool
     def check(self, pool:KVPool): ...  # refuse a pool it cannot read (ValueError naming why)
     # what every layer of the step reuses (kv: the `PagedKV`); a `folded` plan takes raw q/k (`hqkv.layer_maps`)
     def plan(self, kv, step:StepPlan) -> object: ...
     def store(self, kv, li:int, k:Tensor, v:Tensor, slots:Tensor): ...  # code rows into pool layer li
+    def store_rows(self, kv, li:int, kr:Tensor, vr:Tensor, slots:Tensor): ...  # write rows already coded (deferred ones)
     def attend(self, kv, step:StepPlan, li:int, q:Tensor, k:Tensor, v:Tensor, scale:float,
                softcap:float|None) -> Tensor:
         ...
@@ -72,11 +75,15 @@ def encode_store(kv, # a `PagedKV`
                  li:int, k:Tensor, v:Tensor, slots:Tensor):
     "Code K/V rows ([m, kv_heads, D], original domain) with layer `li`'s codecs into its pages at flat rows `slots`."
     # K and V in one call when one codec
-    kp, vp = kv.pool.k(li), kv.pool.v(li)
-    kc, vc, H = kv.k_codecs[li], kv.v_codecs[li], kp.shape[2]
+    kc, vc = kv.k_codecs[li], kv.v_codecs[li]
     if kc is vc: rows = kc.encode(torch.cat([k, v])); kr, vr = rows[:len(k)], rows[len(k):]
     else: kr, vr = kc.encode(k), vc.encode(v)
-    kp.view(-1, H, kp.shape[3]).index_copy_(0, slots, kr); vp.view(-1, H, vp.shape[3]).index_copy_(0, slots, vr)
+    store_rows(kv, li, kr, vr, slots)
+
+def store_rows(kv, li:int, kr:Tensor, vr:Tensor, slots:Tensor):
+    "Write coded K/V rows ([m, kv_heads, row_bytes]) into pool layer `li`'s pages at flat rows `slots`."
+    kp, vp = kv.pool.k(li), kv.pool.v(li)
+    kp.view(-1, kp.shape[2], kp.shape[3]).index_copy_(0, slots, kr); vp.view(-1, vp.shape[2], vp.shape[3]).index_copy_(0, slots, vr)
 
 def _window_append(kv, step, li, idx, kr, vr):
     "Add the chunks of the step's sequences `idx` (rows already rotated) to layer `li`'s exact window."
@@ -185,7 +192,7 @@ class GatherAttn:
     name, softcap, defers_codes = "gather", True, True
     def __init__(self): self._scratch = {}   # K/V buffers every layer reuses (a fresh one per layer costs page faults)
     def check(self, pool): pass
-    store = staticmethod(encode_store)
+    store, store_rows = staticmethod(encode_store), staticmethod(store_rows)
     def buffers(self, kind:str, n:int, H:int, D:int, device) -> tuple[Tensor, Tensor]:
         "Two float32 [n, H, D] buffers from a scratch kept across layers and steps."
         # zeroed when made: padding rows stay finite
@@ -321,6 +328,7 @@ class PagedAttn:
             p.tokens = tuple(torch.tensor(c, dtype=torch.int64, device=dev) for c in zip(*[(step.lanes[i], step.pos0[i])
                                                                                           for i in dec]))
         return p
+    store_rows = staticmethod(store_rows)
     def store(self, kv, li, k, v, slots):
         if self._store is None: return encode_store(kv, li, k, v, slots)
         kc, vc = kv.k_codecs[li], kv.v_codecs[li]

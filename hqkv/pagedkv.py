@@ -207,14 +207,17 @@ def begin(self:PagedKV, seq_ids:Sequence, # the step's sequences (attached), in 
     cu = [0]
     for n in lens: cu.append(cu[-1] + n)
     undo = tuple(self._undo_for(sid, int(p0), n) for sid, p0, n in zip(seq_ids, pos0, lens))
-    rows, slots, flush, pt = [], [], [], pool.page_tokens
+    rows, slots, flush, complete, pt = [], [], [], [], pool.page_tokens
     for i, (sid, p0, n, c) in enumerate(zip(seq_ids, pos0, lens, chunks)):
         m = p0 + n - pool.length(sid)          # tokens the pool does not hold yet
         if m <= 0: continue
         start = pool.append(sid, m, token_ids=None if isinstance(c, int) else c[n - m:])
-        # a decode row inside its page: it waits in the window
-        if self.defer and n == 1 and p0 and (start + 1) % pt:
-            self.pending.setdefault(sid, start); continue
+        if self.defer and n == 1 and p0:       # a decode row waits in the window ...
+            a = self.pending.setdefault(sid, start)
+            if (start + 1) % pt == 0:          # ... until it completes its page: then the page is coded as the step ends
+                complete.append((self.lanes[sid], a, start + 1, pool.write_slots(sid, a, start + 1 - a)))
+                del self.pending[sid]
+            continue
         a = self.pending.pop(sid, None)
         if a is not None: flush.append((self.lanes[sid], a, start, pool.write_slots(sid, a, start - a)))
         slots.append(pool.write_slots(sid, start, m)); rows.append(torch.arange(cu[i] + n - m, cu[i + 1]))
@@ -223,9 +226,11 @@ def begin(self:PagedKV, seq_ids:Sequence, # the step's sequences (attached), in 
                     tuple(cu),
                     torch.cat([torch.arange(p, p + n) for p, n in zip(pos0, lens)]),
                     torch.cat(rows).to(dev) if rows else None, torch.cat(slots) if slots else None, tuple(flush),
-                    undo=undo)
+                    tuple(complete), undo=undo)
     self.step, self.last = step, None
-    try: step.attn = self.backend.plan(self, step)
+    try:
+        step.attn = self.backend.plan(self, step)
+        if step.flush: self._flush(step.flush)
     except BaseException: self.abort(); raise
     return step
 
@@ -246,12 +251,21 @@ def _undo_for(self:PagedKV, sid, P:int, n:int) -> SeqUndo:
 
 # %% ../nbs/40a_pagedkv.ipynb #4dd46a0d
 @patch
-def _flush(self:PagedKV, li:int, step:StepPlan):
-    "Code the waiting rows of pages this step completes, from layer `li`'s window, into their pages."
-    w, kc, vc = self.windows[li], self.k_codecs[li], self.v_codecs[li]
-    got = [window_rows(w, lane, a, b) for lane, a, b, _ in step.flush]
-    k, v = kc.unrotate(torch.cat([g[0] for g in got]).float()), vc.unrotate(torch.cat([g[1] for g in got]).float())
-    self.backend.store(self, li, k, v, torch.cat([s for *_, s in step.flush]))
+def _flush(self:PagedKV, spans:tuple):
+    "Code waiting rows, `spans` of (lane, first, end, slots), every layer's, from the windows into their pages."
+    # the window holds them in the codecs' domain: one encode_rotated per codec for every layer (a codec call per layer,
+    # K/V and page cost more than the attention at short context: the fixed cost of a few dozen small torch ops)
+    jobs = {}                                   # codec -> [(layer, 0 K / 1 V, rows [m, kv_heads, D])]
+    for li, w in enumerate(self.windows):
+        got = [window_rows(w, lane, a, b) for lane, a, b, _ in spans]
+        for kind, c in enumerate((self.k_codecs[li], self.v_codecs[li])):
+            jobs.setdefault(c, []).append((li, kind, torch.cat([g[kind] for g in got])))
+    coded = {}
+    for c, js in jobs.items():
+        rows = c.encode_rotated(torch.cat([x for *_, x in js]).float())
+        coded.update({(li, kind): r for (li, kind, _), r in zip(js, rows.split([len(x) for *_, x in js]))})
+    slots = torch.cat([s for *_, s in spans])
+    for li in range(len(self.windows)): self.backend.store_rows(self, li, coded[li, 0], coded[li, 1], slots)
 
 # %% ../nbs/40a_pagedkv.ipynb #a7daa88c
 @patch
@@ -271,7 +285,6 @@ def attend(self:PagedKV, li:int, # pool layer (0 .. attn_layers-1; `layer_index`
     # scores change by q . mu, a constant per query: softmax does not see it (a folded plan's backend applies it)
     if self.key_profile is not None and not st.attn.folded:
         q, k = self.key_profile.apply_query(li, q).to(q.dtype), self.key_profile.apply_keys(li, k).to(k.dtype)
-    if st.flush: self._flush(li, st)
     if st.write_rows is not None: self.backend.store(self, li, k[st.write_rows], v[st.write_rows], st.write_slots)
     o = self.backend.attend(self, st, li, q, k, v, scale, softcap)
     st.layers_done += 1
@@ -286,6 +299,9 @@ def end(self:PagedKV) -> StepPlan:
     if st.layers_done != len(self.layers):
         self.abort()
         raise RuntimeError(f"the model ran {st.layers_done} of the {len(self.layers)} full-attention layers")
+    if st.complete:                             # every layer has the pages' last rows in its window now
+        try: self._flush(st.complete)
+        except BaseException: self.abort(); raise
     self.step, self.last = None, st
     return st
 

@@ -260,9 +260,11 @@ def unrotate(self:HQE8, x:Tensor)->Tensor:
 
 # %% ../../nbs/13_codec.e8.ipynb #118a9f49
 @patch
-def _encode(self:HQE8, x:Tensor)->Tensor:
-    n, D, G = x.shape[0], self.head_dim, self.head_dim // 8
-    y = self.rotate(x)
+def _encode(self:HQE8, x:Tensor)->Tensor: return self._encode_rotated(self.rotate(x))
+
+@patch
+def _encode_rotated(self:HQE8, y:Tensor)->Tensor:
+    n, D, G = y.shape[0], self.head_dim, self.head_dim // 8
     if not bool(torch.isfinite(y).all()):
         raise ValueError(f"{self.name}.encode: the rotated vector overflows float32 (|x| too large)")
     tiny = torch.finfo(torch.float32).tiny
@@ -273,7 +275,7 @@ def _encode(self:HQE8, x:Tensor)->Tensor:
     codes, d = e8p_encode(z.reshape(-1, 8), return_dist=True)
     codes = codes.reshape(n, G)
     zz = (z * z).reshape(n, G, 8).sum(-1)
-    cc = _tables(x.device)["norm2"][codes.long()]
+    cc = _tables(y.device)["norm2"][codes.long()]
     zc = self._reduce(0.5 * (zz + cc - d.reshape(n, G)), torch.sum, 1)        # <z, c> from ||z - c||^2
     s = (m * rms_n / self.gain) * zc / self._reduce(cc, torch.sum, 1)         # y = (m rms_n / g) z
     s16 = s.to(torch.bfloat16)

@@ -15,7 +15,7 @@ from ..rotation import RandomHadamard
 
 # %% auto #0
 __all__ = ['BLOCK', 'LLOYD_MAX', 'LLOYD_MAX_MSE', 'TBQ_CENTROIDS', 'gaussian_mse', 'lloyd_max_gaussian', 'pack_indices',
-           'unpack_indices', 'tbq_block', 'TBQCodec', 'TBQ4', 'TBQ2', 'TBQ3']
+           'unpack_indices', 'tbq_block', 'TBQCodec', 'nearest_index', 'TBQ4', 'TBQ2', 'TBQ3']
 
 # %% ../../nbs/12_codec.tbq.ipynb #cf0a0717
 _SQRT2, _INV_SQRT_2PI = math.sqrt(2.0), 1.0 / math.sqrt(2.0 * math.pi)
@@ -175,13 +175,24 @@ class TBQCodec(Codec):
         return (b.to(torch.float32) @ self._mat(x.device).T).reshape(x.shape).to(x.dtype)
 
 # %% ../../nbs/12_codec.tbq.ipynb #ff4ed109
+def nearest_index(u:Tensor, mids:Tensor)->Tensor: # int64, the shape of u
+    "How many of the sorted midpoints `mids` lie below each value of `u` (`torch.bucketize(u, mids)`, 2-5x faster here)."
+    ms = mids.tolist()
+    idx = (u > ms[0]).to(torch.uint8)
+    for m in ms[1:]: idx += u > m                  # one pass per midpoint: at most 15 (tbq4)
+    return idx.long()
+
 @patch
 def _encode(self:TBQCodec, x:Tensor)->Tensor:
-    n, (cents, mids) = x.shape[0], self._table(x.device)
-    y = self.rht.forward(x.reshape(n, self.n_blocks, self.block))    # [n, blocks, block], rotated
+    return self._encode_rotated(self.rht.forward(x.reshape(x.shape[0], self.n_blocks, self.block)))
+
+@patch
+def _encode_rotated(self:TBQCodec, y:Tensor)->Tensor:
+    n, (cents, mids) = y.shape[0], self._table(y.device)
+    y = y.reshape(n, self.n_blocks, self.block)                      # [n, blocks, block], rotated
     norm = torch.linalg.vector_norm(y, dim=-1, keepdim=True)
     u = y / norm.clamp_min(torch.finfo(torch.float32).tiny)          # unit-norm blocks; zeros stay zeros
-    idx = torch.bucketize(u, mids)                                   # nearest centroid
+    idx = nearest_index(u, mids)                                     # nearest centroid
     if self.scale_mode == "mse":
         q = cents[idx]
         scale = norm * (u * q).sum(-1, keepdim=True) / (q * q).sum(-1, keepdim=True)
