@@ -79,7 +79,7 @@ bench: $(STAMP) bench-texts
 ## bench-engine: decode tokens/s of one sequence at 1K-16K tokens of context on three real models: bf16, hq-e8-2b
 ## (plan off and on) and q4_0 pages read in place by the CPU kernels, and hq-e8-2b with int8 weights, against
 ## transformers' own forward and cache; each step split into weights / attention / rest
-## (nbs/studies/53a_engine_context's slow cells -> nbs/results/engine_context.json and .png)
+## (nbs/studies/53a_engine_context's slow cells -> nbs/results/engine_context.json and .png, engine_sustained.json)
 bench-engine: $(STAMP)
 	$(BIN)/nbdev-test --n-workers 1 --flags slow --timing --cell-timeout 5400 nbs/studies/53a_engine_context.ipynb
 
