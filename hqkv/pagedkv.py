@@ -28,7 +28,7 @@ class SeqUndo:
     length: int                # pool tokens before the step
     pending: int|None          # its first deferred position before the step
     window_len: int            # tokens its window held
-    ring: tuple = ()           # per layer and ring segment the step overwrites: (layer, first slot, K rows, V rows)
+    ring: tuple = ()           # per ring segment the step overwrites: (first slot, K rows, V rows [layers, n, H, D])
 
 # %% ../nbs/40a_pagedkv.ipynb #21161066
 class PagedKV:
@@ -67,9 +67,13 @@ class PagedKV:
         self.decode_reads = decode_reads
         self.defer = bool(defer_codes) and window_recent >= pool.page_tokens and backend.defers_codes
         self.capacity = max(1, lanes)
-        self.windows = None if not (window_sinks or window_recent) else [
-            ExactWindow.allocate(self.capacity, g.kv_heads, g.head_dim, window_sinks, window_recent,
-                                 pool.device) for _ in layers]
+        # every layer's window: views of one tensor per field over the layers, so that a step's undo record is one slice of
+        # all layers (a copy per layer and step cost ~0.5 ms on 30 layers)
+        self._wfields = self.windows = None
+        if window_sinks or window_recent:
+            w = ExactWindow.allocate(self.capacity, g.kv_heads, g.head_dim, window_sinks, window_recent, pool.device)
+            self._wfields = tuple(torch.stack([t] * len(layers)) for t in (w.k_sink, w.v_sink, w.k_recent, w.v_recent, w.lens))
+            self.windows = [ExactWindow(*(t[i] for t in self._wfields)) for i in range(len(layers))]
         self._free = list(range(self.capacity - 1, -1, -1))
         self.lanes: dict = {}            # seq_id -> lane
         self.admissions: dict = {}       # seq_id -> its pool Admission (when admitted here)
@@ -113,9 +117,8 @@ def _take_lane(self:PagedKV) -> int:
     if not self._free:   # double the lanes
         n = self.capacity
         if self.windows is not None:
-            grow = lambda t: torch.cat([t, torch.zeros_like(t)])
-            self.windows = [ExactWindow(*(grow(t) for t in (w.k_sink, w.v_sink, w.k_recent, w.v_recent,
-                                                            w.lens))) for w in self.windows]
+            self._wfields = tuple(torch.cat([t, torch.zeros_like(t)], 1) for t in self._wfields)
+            self.windows = [ExactWindow(*(t[i] for t in self._wfields)) for i in range(len(self.windows))]
         self._free, self.capacity = list(range(2 * n - 1, n - 1, -1)), 2 * n
     return self._free.pop()
 
@@ -244,8 +247,7 @@ def _undo_for(self:PagedKV, sid, P:int, n:int) -> SeqUndo:
         a = max(P, S, P + n - R)
         while a < P + n:                        # at most two contiguous segments of the ring
             j = a % R; m = min(P + n - a, R - j)
-            ring += [(li, j, w.k_recent[lane, j:j + m].clone(), w.v_recent[lane, j:j + m].clone())
-                     for li, w in enumerate(self.windows)]
+            ring.append((j, self._wfields[2][:, lane, j:j + m].clone(), self._wfields[3][:, lane, j:j + m].clone()))
             a += m
     return SeqUndo(sid, lane, self.pool.length(sid), self.pending.get(sid), P, tuple(ring))
 
@@ -313,9 +315,9 @@ def _put_back(self:PagedKV, u:SeqUndo):
     if u.pending is None: self.pending.pop(u.seq_id, None)
     else: self.pending[u.seq_id] = u.pending
     if self.windows is not None:
-        for w in self.windows: w.lens[u.lane] = u.window_len
-        for li, j, k, v in u.ring:
-            self.windows[li].k_recent[u.lane, j:j + len(k)], self.windows[li].v_recent[u.lane, j:j + len(k)] = k, v
+        f = self._wfields
+        f[4][:, u.lane] = u.window_len
+        for j, k, v in u.ring: f[2][:, u.lane, j:j + k.shape[1]], f[3][:, u.lane, j:j + k.shape[1]] = k, v
 
 # %% ../nbs/40a_pagedkv.ipynb #d6eb5e15
 @patch
