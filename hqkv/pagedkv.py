@@ -6,7 +6,7 @@ Docs: https://hqkv.github.io/hqkv/pagedkv.html.md"""
 
 # %% ../nbs/40a_pagedkv.ipynb #27dbe1dc
 from __future__ import annotations
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Hashable, Sequence
 import torch
 from torch import Tensor
@@ -31,6 +31,8 @@ class SeqUndo:
     ring: tuple = ()           # per ring segment the step overwrites: (first slot, K rows, V rows [layers, n, H, D])
 
 # %% ../nbs/40a_pagedkv.ipynb #21161066
+_WINDOW_FIELDS = tuple(f.name for f in fields(ExactWindow))   # k_sink, v_sink, k_recent, v_recent, lens
+
 class PagedKV:
     "Full-attention K/V of a batch of sequences in a `KVPool`: coded pages, the exact window, attention per layer."
     def __init__(self,
@@ -69,11 +71,11 @@ class PagedKV:
         self.capacity = max(1, lanes)
         # every layer's window: views of one tensor per field over the layers, so that a step's undo record is one slice of
         # all layers (a copy per layer and step cost ~0.5 ms on 30 layers)
-        self._wfields = self.windows = None
+        self._wall = self.windows = None        # {ExactWindow field: [layers, ...]} and the layers' views of it
         if window_sinks or window_recent:
             w = ExactWindow.allocate(self.capacity, g.kv_heads, g.head_dim, window_sinks, window_recent, pool.device)
-            self._wfields = tuple(torch.stack([t] * len(layers)) for t in (w.k_sink, w.v_sink, w.k_recent, w.v_recent, w.lens))
-            self.windows = [ExactWindow(*(t[i] for t in self._wfields)) for i in range(len(layers))]
+            self._wall = {f: torch.stack([getattr(w, f)] * len(layers)) for f in _WINDOW_FIELDS}
+            self.windows = [ExactWindow(*(self._wall[f][i] for f in _WINDOW_FIELDS)) for i in range(len(layers))]
         self._free = list(range(self.capacity - 1, -1, -1))
         self.lanes: dict = {}            # seq_id -> lane
         self.admissions: dict = {}       # seq_id -> its pool Admission (when admitted here)
@@ -117,8 +119,8 @@ def _take_lane(self:PagedKV) -> int:
     if not self._free:   # double the lanes
         n = self.capacity
         if self.windows is not None:
-            self._wfields = tuple(torch.cat([t, torch.zeros_like(t)], 1) for t in self._wfields)
-            self.windows = [ExactWindow(*(t[i] for t in self._wfields)) for i in range(len(self.windows))]
+            self._wall = {f: torch.cat([t, torch.zeros_like(t)], 1) for f, t in self._wall.items()}
+            self.windows = [ExactWindow(*(self._wall[f][i] for f in _WINDOW_FIELDS)) for i in range(len(self.windows))]
         self._free, self.capacity = list(range(2 * n - 1, n - 1, -1)), 2 * n
     return self._free.pop()
 
@@ -247,7 +249,7 @@ def _undo_for(self:PagedKV, sid, P:int, n:int) -> SeqUndo:
         a = max(P, S, P + n - R)
         while a < P + n:                        # at most two contiguous segments of the ring
             j = a % R; m = min(P + n - a, R - j)
-            ring.append((j, self._wfields[2][:, lane, j:j + m].clone(), self._wfields[3][:, lane, j:j + m].clone()))
+            ring.append((j, self._wall["k_recent"][:, lane, j:j + m].clone(), self._wall["v_recent"][:, lane, j:j + m].clone()))
             a += m
     return SeqUndo(sid, lane, self.pool.length(sid), self.pending.get(sid), P, tuple(ring))
 
@@ -315,9 +317,9 @@ def _put_back(self:PagedKV, u:SeqUndo):
     if u.pending is None: self.pending.pop(u.seq_id, None)
     else: self.pending[u.seq_id] = u.pending
     if self.windows is not None:
-        f = self._wfields
-        f[4][:, u.lane] = u.window_len
-        for j, k, v in u.ring: f[2][:, u.lane, j:j + k.shape[1]], f[3][:, u.lane, j:j + k.shape[1]] = k, v
+        wa = self._wall
+        wa["lens"][:, u.lane] = u.window_len
+        for j, k, v in u.ring: wa["k_recent"][:, u.lane, j:j + k.shape[1]], wa["v_recent"][:, u.lane, j:j + k.shape[1]] = k, v
 
 # %% ../nbs/40a_pagedkv.ipynb #d6eb5e15
 @patch
