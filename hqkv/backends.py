@@ -59,8 +59,7 @@ class AttnBackend(Protocol):
     "How a `PagedKV` stores a step's new rows and attends over pages: planned once per step, run once per layer."
     name: str
     softcap: bool        # whether it applies attention-logit soft-capping (Gemma 2)
-    # whether decode rows may wait in the window for their page (a CPU codec call per row costs more than the attention);
-    # `PagedKV` codes a full page's rows from the window (`Codec.encode_rotated`) and hands them to `store_rows`
+    # whether decode rows may wait in the window for their page (`PagedKV` codes a full page's with `encode_rotated`)
     defers_codes: bool
     def check(self, pool:KVPool): ...  # refuse a pool it cannot read (ValueError naming why)
     # what every layer of the step reuses (kv: the `PagedKV`); a `folded` plan takes raw q/k (`hqkv.layer_maps`)
@@ -68,8 +67,7 @@ class AttnBackend(Protocol):
     def store(self, kv, li:int, k:Tensor, v:Tensor, slots:Tensor): ...  # code rows into pool layer li
     def store_rows(self, kv, li:int, kr:Tensor, vr:Tensor, slots:Tensor): ...  # write rows already coded (deferred ones)
     def attend(self, kv, step:StepPlan, li:int, q:Tensor, k:Tensor, v:Tensor, scale:float,
-               softcap:float|None) -> Tensor:
-        ...
+               softcap:float|None) -> Tensor: ...
 
 def encode_store(kv, # a `PagedKV`
                  li:int, k:Tensor, v:Tensor, slots:Tensor):
@@ -82,8 +80,7 @@ def encode_store(kv, # a `PagedKV`
 
 def store_rows(kv, li:int, kr:Tensor, vr:Tensor, slots:Tensor):
     "Write coded K/V rows ([m, kv_heads, row_bytes]) into pool layer `li`'s pages at flat rows `slots`."
-    kp, vp = kv.pool.k(li), kv.pool.v(li)
-    kp.view(-1, kp.shape[2], kp.shape[3]).index_copy_(0, slots, kr); vp.view(-1, vp.shape[2], vp.shape[3]).index_copy_(0, slots, vr)
+    for p, r in ((kv.pool.k(li), kr), (kv.pool.v(li), vr)): p.view(-1, *p.shape[2:]).index_copy_(0, slots, r)
 
 def _window_append(kv, step, li, idx, kr, vr):
     "Add the chunks of the step's sequences `idx` (rows already rotated) to layer `li`'s exact window."
@@ -201,8 +198,7 @@ class GatherAttn:
             t = self._scratch[kind] = torch.zeros(2, max(n, 2 * (0 if t is None else t.shape[1])), H, D, device=device)
         return t[0, :n], t[1, :n]
     def plan(self, kv, step) -> GatherPlan:
-        dec = step.decoding
-        spans = []
+        dec, spans = step.decoding, []
         for i in (i for i in range(len(step)) if i not in set(dec)):
             P, sid = step.pos0[i], step.seq_ids[i]; s, r = _held(kv, P)
             lo, hi = decode_span(P, step.lens[i], *_window_of(kv)) if kv.decode_reads else (0, 0)
@@ -225,10 +221,9 @@ class GatherAttn:
 def page_rows_decoded(kv, li:int, src:Tensor) -> tuple[Tensor, Tensor]:
     "Decoded K and V (codec domains, as the window holds rows) of flat page rows `src` of layer `li`."
     # one decode call when keys and values share a codec
-    kc, vc, kp, vp = kv.k_codecs[li], kv.v_codecs[li], kv.pool.k(li), kv.pool.v(li)
-    H = kp.shape[2]
+    kc, vc = kv.k_codecs[li], kv.v_codecs[li]
     # ~10x faster than indexing
-    ks, vs = kp.view(-1, H, kp.shape[3]).index_select(0, src), vp.view(-1, H, vp.shape[3]).index_select(0, src)
+    ks, vs = (p.view(-1, *p.shape[2:]).index_select(0, src) for p in (kv.pool.k(li), kv.pool.v(li)))
     if kc is vc: both = kc.decode_rotated(torch.cat([ks, vs])); return both[:len(src)], both[len(src):]
     return kc.decode_rotated(ks), vc.decode_rotated(vs)
 

@@ -31,8 +31,6 @@ class SeqUndo:
     ring: tuple = ()           # per ring segment the step overwrites: (first slot, K rows, V rows [layers, n, H, D])
 
 # %% ../nbs/40a_pagedkv.ipynb #21161066
-_WINDOW_FIELDS = tuple(f.name for f in fields(ExactWindow))   # k_sink, v_sink, k_recent, v_recent, lens
-
 class PagedKV:
     "Full-attention K/V of a batch of sequences in a `KVPool`: coded pages, the exact window, attention per layer."
     def __init__(self,
@@ -71,11 +69,10 @@ class PagedKV:
         self.capacity = max(1, lanes)
         # every layer's window: views of one tensor per field over the layers, so that a step's undo record is one slice of
         # all layers (a copy per layer and step cost ~0.5 ms on 30 layers)
-        self._wall = self.windows = None        # {ExactWindow field: [layers, ...]} and the layers' views of it
+        self._wall = self.windows = None        # {ExactWindow field: [layers, lanes, ...]}; `windows`: each layer's view
         if window_sinks or window_recent:
             w = ExactWindow.allocate(self.capacity, g.kv_heads, g.head_dim, window_sinks, window_recent, pool.device)
-            self._wall = {f: torch.stack([getattr(w, f)] * len(layers)) for f in _WINDOW_FIELDS}
-            self.windows = [ExactWindow(*(self._wall[f][i] for f in _WINDOW_FIELDS)) for i in range(len(layers))]
+            self._wall = {f: torch.stack([getattr(w, f)] * len(layers)) for f in _WINDOW_FIELDS}; self._views()
         self._free = list(range(self.capacity - 1, -1, -1))
         self.lanes: dict = {}            # seq_id -> lane
         self.admissions: dict = {}       # seq_id -> its pool Admission (when admitted here)
@@ -114,13 +111,19 @@ def window_bytes(self:PagedKV) -> int:
     return sum(w.nbytes for w in self.windows) if self.windows else 0
 
 # %% ../nbs/40a_pagedkv.ipynb #7a034d3c
+_WINDOW_FIELDS = tuple(f.name for f in fields(ExactWindow))   # k_sink, v_sink, k_recent, v_recent, lens
+
+@patch
+def _views(self:PagedKV):
+    "Each layer's `ExactWindow`: views of the shared tensors `_wall` (a lane's rows of every layer are one slice)."
+    self.windows = [ExactWindow(*(self._wall[f][i] for f in _WINDOW_FIELDS)) for i in range(len(self.layers))]
+
 @patch
 def _take_lane(self:PagedKV) -> int:
     if not self._free:   # double the lanes
         n = self.capacity
         if self.windows is not None:
-            self._wall = {f: torch.cat([t, torch.zeros_like(t)], 1) for f, t in self._wall.items()}
-            self.windows = [ExactWindow(*(self._wall[f][i] for f in _WINDOW_FIELDS)) for i in range(len(self.windows))]
+            self._wall = {f: torch.cat([t, torch.zeros_like(t)], 1) for f, t in self._wall.items()}; self._views()
         self._free, self.capacity = list(range(2 * n - 1, n - 1, -1)), 2 * n
     return self._free.pop()
 
