@@ -73,22 +73,22 @@ class Codec:
 
 # %% ../../nbs/10_codec.base.ipynb #344dffc4
 @patch
-def encode(self:Codec, x:Tensor) -> Tensor:
-    "Code `x` (float [..., head_dim]) into rows (uint8 [..., row_bytes])."
+def _code(self:Codec, x:Tensor, f) -> Tensor:
+    "`x` checked and flattened to float32 [n, head_dim], coded by `f` (`_encode` or `_encode_rotated`), reshaped back."
     x = self._check_input(x)
     flat = x.reshape(-1, self.head_dim).to(torch.float32)
-    rows = self._encode(flat) if flat.shape[0] else torch.empty(0, self.row_bytes, dtype=torch.uint8,
-                                                                device=x.device)
+    rows = f(flat) if flat.shape[0] else torch.empty(0, self.row_bytes, dtype=torch.uint8, device=x.device)
     return rows.reshape(*x.shape[:-1], self.row_bytes)
+
+@patch
+def encode(self:Codec, x:Tensor) -> Tensor:
+    "Code `x` (float [..., head_dim]) into rows (uint8 [..., row_bytes])."
+    return self._code(x, self._encode)
 
 @patch
 def encode_rotated(self:Codec, y:Tensor) -> Tensor:
     "Code vectors already in the coded domain (as `rotate` gives them: the exact window's rows) into rows: `encode(unrotate(y))`."
-    y = self._check_input(y)
-    flat = y.reshape(-1, self.head_dim).to(torch.float32)
-    rows = self._encode_rotated(flat) if flat.shape[0] else torch.empty(0, self.row_bytes, dtype=torch.uint8,
-                                                                        device=y.device)
-    return rows.reshape(*y.shape[:-1], self.row_bytes)
+    return self._code(y, self._encode_rotated)
 
 @patch
 def decode_rotated(self:Codec, rows:Tensor, validate:bool=False) -> Tensor:
