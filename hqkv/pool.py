@@ -12,7 +12,7 @@ from typing import Hashable
 import torch
 from torch import Tensor
 from .allocator import PoolFull, Admission, PageAllocator
-from .codec import codec_class, get_codec, list_codecs, Codec
+from .codec import codec_class, get_codec, list_codecs, Codec, HeadsCodec
 from .sizing import CacheLayout, Geometry, Plan, get_geometry, plan, row_bytes
 
 # %% auto #0
@@ -38,6 +38,12 @@ def _pool_salt(g:Geometry, kv_format:str, page_tokens:int, key_formats:tuple=(),
           + "".join(f"/V{l}:{f}:v{codec_class(f).version}" for l, f in value_formats))
     return (f"hqkv-pool/layout-{POOL_LAYOUT_VERSION}/{g.name}:{g.attn_layers}x{g.kv_heads}x{g.head_dim}"
             f"/{kv_format}/v{codec_class(kv_format).version}/{page_tokens}{kf}").encode()
+
+# %% ../nbs/20_pool.ipynb #69f89121
+def _token_shape(fmt, g:Geometry) -> tuple:
+    "A token's bytes in a page: [kv_heads, row_bytes], or [token_bytes] for a format per KV head (a tuple)."
+    if isinstance(fmt, tuple): return (sum(row_bytes(f, g.head_dim) for f in fmt),)
+    return (g.kv_heads, row_bytes(fmt, g.head_dim))
 
 # %% ../nbs/20_pool.ipynb #8cbd0ebb
 _METRICS = (  # name, kind, help, value
@@ -96,12 +102,13 @@ class KVPool:
         self.formats: tuple = tuple(zip(self.layout.k_formats, self.layout.v_formats))  # per pool layer: (K, V format)
         salt = _pool_salt(g, kv_format, page_tokens, self.plan.key_formats, self.plan.value_formats)
         self.alloc = PageAllocator(self.plan.pages, page_tokens, salt)
-        slabs = {}                                  # format -> [(layer, 0 K / 1 V), ...]: one uint8 tensor per format
+        # format -> [(layer, 0 K / 1 V), ...]: one uint8 tensor per format (a tuple: a format per KV head)
+        slabs = {}
         for li, pair in enumerate(self.formats):
             for kind, f in enumerate(pair): slabs.setdefault(f, []).append((li, kind))
-        shape = lambda f, ls: (len(ls), self.plan.pages, page_tokens, g.kv_heads, row_bytes(f, g.head_dim))
-        self.storage: dict[str, Tensor] = {f: torch.empty(shape(f, ls), dtype=torch.uint8, device=device)
-                                           for f, ls in slabs.items()}
+        shape = lambda f, ls: (len(ls), self.plan.pages, page_tokens, *_token_shape(f, g))
+        self.storage: dict[str|tuple, Tensor] = {f: torch.empty(shape(f, ls), dtype=torch.uint8, device=device)
+                                                 for f, ls in slabs.items()}
         self._slab = {lk: (f, i) for f, ls in slabs.items() for i, lk in enumerate(ls)}
         self._codecs, self._registry = {}, None
         self.codec_opts = dict(codec_opts or {})
@@ -126,7 +133,8 @@ def kv(self:KVPool) -> Tensor:
 # %% ../nbs/20_pool.ipynb #85c45cef
 @patch
 def k(self:KVPool, layer:int) -> Tensor:
-    "Key pages of attention layer `layer` (0-based, among the pool's): uint8 [pages, page_tokens, kv_heads, row_bytes]."
+    "Key pages of attention layer `layer` (0-based, among the pool's): uint8 [pages, page_tokens, kv_heads, row_bytes]"
+    # (a format per KV head: [pages, page_tokens, token_bytes], the heads' rows one after another, `HeadsCodec`)
     f, i = self._slab[self._layer(layer), 0]
     return self.storage[f][i]
 
@@ -145,10 +153,11 @@ def _layer(self:KVPool, layer) -> int:
 
 # %% ../nbs/20_pool.ipynb #03d85442
 @patch
-def codec_for(self:KVPool, fmt:str) -> Codec:
-    "The pool's codec of format `fmt` (built on first use, with its `codec_opts`)."
-    if fmt not in self.storage and fmt != self.kv_format:
-        raise ValueError(f"format {fmt!r} is not stored in this pool ({', '.join(self.storage)})")
+def codec_for(self:KVPool, fmt:str|tuple) -> Codec|HeadsCodec:
+    "The pool's codec of format `fmt` (built on first use, with its `codec_opts`; a tuple: a `HeadsCodec`)."
+    if fmt not in self.storage and fmt != self.kv_format and not any(fmt in f for f in self.storage if type(f) is tuple):
+        raise ValueError(f"format {fmt!r} is not stored in this pool ({', '.join(map(str, self.storage))})")
+    if isinstance(fmt, tuple) and fmt not in self._codecs: self._codecs[fmt] = HeadsCodec(map(self.codec_for, fmt))
     if fmt not in self._codecs:
         o = self.codec_opts
         opts = o.get(fmt, {}) if o and all(k in list_codecs() for k in o) else o
@@ -244,7 +253,7 @@ def check_integrity(self:KVPool) -> bool:
     g, a = self.geometry, self.alloc
     n = {f: sum(x == f for pair in self.formats for x in pair) for f in self.storage}
     for f, t in self.storage.items():
-        want = (n[f], a.num_pages, a.page_tokens, g.kv_heads, row_bytes(f, g.head_dim))
+        want = (n[f], a.num_pages, a.page_tokens, *_token_shape(f, g))
         if tuple(t.shape) != want or t.dtype != torch.uint8:
             raise AssertionError(f"pool integrity: {f} storage is {t.dtype} {tuple(t.shape)}, expected uint8 {want}")
     if sorted(self._slab) != sorted((l, k) for l in range(g.attn_layers) for k in (0, 1)):
@@ -264,22 +273,22 @@ def write(self:KVPool,
           seq_id:Hashable,   # an admitted sequence
           layer:int,         # attention layer (0-based among the pool's layers)
           start_pos:int,     # position of the first row
-          k_rows:Tensor,     # uint8 [n, kv_heads, row_bytes of the layer's key format]: coded keys
+          k_rows:Tensor,     # uint8 [n, kv_heads, row_bytes of the layer's key format] ([n, token_bytes]: per head)
           v_rows:Tensor):    # uint8 [n, kv_heads, row_bytes]: coded values
     "Write coded K/V rows of positions [start_pos, start_pos+n); raises (writing nothing) on a shared or sealed page."
-    layer, H = self._layer(layer), self.geometry.kv_heads
+    layer = self._layer(layer)
     kp, vp = self.k(layer), self.v(layer)
     for name, t, pages in (("k_rows", k_rows, kp), ("v_rows", v_rows, vp)):
-        want = (H, pages.shape[-1])
-        if not isinstance(t, Tensor) or t.dtype != torch.uint8 or t.ndim != 3 or tuple(t.shape[1:]) != want:
-            raise ValueError(f"{name} must be uint8 [n, {want[0]}, {want[1]}], "
+        want = tuple(pages.shape[2:])
+        if not isinstance(t, Tensor) or t.dtype != torch.uint8 or tuple(t.shape[1:]) != want:
+            raise ValueError(f"{name} must be uint8 [n, {', '.join(map(str, want))}], "
                              f"got {getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
         if t.device != self.device: raise ValueError(f"{name} is on {t.device}, the pool on {self.device}")
     n = k_rows.shape[0]
     if v_rows.shape[0] != n: raise ValueError(f"k_rows has {n} rows, v_rows {v_rows.shape[0]}")
     idx = self.write_slots(seq_id, start_pos, n)
-    kp.view(-1, H, kp.shape[-1]).index_copy_(0, idx, k_rows)
-    vp.view(-1, H, vp.shape[-1]).index_copy_(0, idx, v_rows)
+    kp.view(-1, *kp.shape[2:]).index_copy_(0, idx, k_rows)
+    vp.view(-1, *vp.shape[2:]).index_copy_(0, idx, v_rows)
 
 # %% ../nbs/20_pool.ipynb #bef522f9
 @patch
@@ -293,11 +302,11 @@ def write_kv(self:KVPool, seq_id:Hashable, layer:int, start_pos:int,
 @patch
 def read(self:KVPool, seq_id:Hashable, layer:int, start_pos:int=0, n:int|None=None) -> tuple[Tensor, Tensor]:
     "Coded K and V rows (uint8 [n, kv_heads, row_bytes], the layer's formats) of [start_pos, start_pos+n)."
-    layer, H = self._layer(layer), self.geometry.kv_heads
+    layer = self._layer(layer)
     if n is None: n = self.alloc.length(seq_id) - start_pos
     idx = torch.tensor(self.alloc.slots(seq_id, start_pos, n), dtype=torch.int64, device=self.device)
     kp, vp = self.k(layer), self.v(layer)
-    return kp.view(-1, H, kp.shape[-1])[idx], vp.view(-1, H, vp.shape[-1])[idx]
+    return kp.view(-1, *kp.shape[2:])[idx], vp.view(-1, *vp.shape[2:])[idx]
 
 # %% ../nbs/20_pool.ipynb #ae2b4265
 @patch

@@ -201,19 +201,28 @@ def kv_formats(head_dim:int|None=None) -> list[str]:
     return sorted(names, key=lambda n: (-codec_class(n).row_bytes_for(head_dim or 256), n))
 
 # %% ../nbs/00_sizing.ipynb #c923f60d
-LAYER_FORMATS_FORM = ("'LAYER=FORMAT[,LAYER=FORMAT...]' with model layer ids, e.g. '5=tbq3,11=tbq3'; where keys and "
-                      "values share one string, each item starts with k or v: 'k5=tbq3,v17=tbq2'")
-_ITEM = re.compile(r"\s*(L?)([kv]?)(L?)(\d+)\s*([=:])\s*([A-Za-z0-9_.-]+)\s*")
+LAYER_FORMATS_FORM = ("'LAYER=FORMAT[,LAYER=FORMAT...]' with model layer ids, e.g. '5=tbq3,11=tbq3' (one KV head of a "
+                      "layer: LAYER.HEAD, '5.1=tbq3'); where keys and values share one string, each item starts with k "
+                      "or v: 'k5=tbq3,v17=tbq2'")
+_ITEM = re.compile(r"\s*(L?)([kv]?)(L?)(\d+)(?:\.(\d+))?\s*([=:])\s*([A-Za-z0-9_.-]+)\s*")
+
+def _key(l):
+    "A layer as a setting gives it ('5', 5, '5.1', [5, 1]) -> 5 or (layer, head); anything else as it is (then refused)."
+    if isinstance(l, str) and re.fullmatch(r"\d+(\.\d+)?", l): return tuple(map(int, l.split("."))) if "." in l else int(l)
+    return tuple(l) if isinstance(l, list) else l
+
+def _label(layer) -> str: return f"{layer[0]}.{layer[1]}" if isinstance(layer, tuple) else f"{layer}"   # 5 or 5.1
 
 def _item(part:str, kv:bool) -> tuple:
     "(k, v or '', layer, format) of one item; an earlier spelling or a missing (extra) k/v: ValueError with the fix."
     m = _ITEM.fullmatch(part)
     if not m: raise ValueError(f"cannot read per-layer format {part.strip()!r}: expected {LAYER_FORMATS_FORM}")
-    l1, side, l2, layer, sep, fmt = m.groups()
+    l1, side, l2, layer, head, sep, fmt = m.groups()
+    if head is not None: layer = f"{layer}.{head}"
     if kv and not side: fix = f"'k{layer}={fmt}' (its keys) or 'v{layer}={fmt}' (its values)"
     elif side and not kv: fix = f"'{layer}={fmt}' (keys and values have a setting each here)"
     elif l1 or l2 or sep != "=": fix = f"'{side}{layer}={fmt}'"
-    else: return side, int(layer), fmt
+    else: return side, _key(layer), fmt
     raise ValueError(f"per-layer format {part.strip()!r}: write {fix}; the form is {LAYER_FORMATS_FORM}")
 
 # %% ../nbs/00_sizing.ipynb #618a7972
@@ -225,32 +234,35 @@ def parse_layer_formats(spec, # 'LAYER=FORMAT,...', {layer: format}, pairs, or N
     if spec is None or (isinstance(spec, (str, Mapping, tuple, list)) and not spec): items = []
     elif isinstance(spec, str): items = [_item(p, kv) for p in spec.split(",")]
     elif not kv and isinstance(spec, Mapping):     # a TOML table's keys are strings: '5' is layer 5
-        items = [("", int(l) if isinstance(l, str) and l.isdigit() else l, f) for l, f in spec.items()]
+        items = [("", _key(l), f) for l, f in spec.items()]
     elif not kv and isinstance(spec, (tuple, list)) and all(isinstance(x, (tuple, list)) and len(x) == 2 for x in spec):
-        items = [("", l, f) for l, f in spec]
+        items = [("", _key(l), f) for l, f in spec]
     else: raise TypeError(f"{'key and value' if kv else what} formats must be a string {LAYER_FORMATS_FORM}"
                           + ("" if kv else ", a {layer: format} table or pairs") + f"; got {spec!r}")
     out = {"k": {}, "v": {}}
     for side, layer, fmt in items:
-        side = side or what[0]; name = f"{side if kv else ''}{layer}={fmt}"
-        if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
-            raise ValueError(f"per-layer format {name!r}: a layer is a model layer id, an int >= 0")
+        side = side or what[0]; name = f"{side if kv else ''}{_label(layer)}={fmt}"
+        if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                   for i in (layer if isinstance(layer, tuple) and len(layer) == 2 else (layer,))):
+            raise ValueError(f"per-layer format {name!r}: a layer is a model layer id, an int >= 0 "
+                             "(one KV head of it: (layer, head) or 'layer.head')")
         if not isinstance(fmt, str) or fmt.startswith("_") or fmt not in list_codecs():
             raise ValueError(f"per-layer format {name!r}: unknown format {fmt!r}; supported formats: "
                              f"{', '.join(n for n in list_codecs() if not n.startswith('_'))}")
         if layer in out[side]:
-            raise ValueError(f"layer {layer} is given two {'key' if side == 'k' else 'value'} formats "
+            raise ValueError(f"layer {_label(layer)} is given two {'key' if side == 'k' else 'value'} formats "
                              f"({out[side][layer]}, {fmt})")
         out[side][layer] = fmt
-    k, v = (tuple(sorted(out[s].items())) for s in "kv")
+    order = lambda p: p[0] if isinstance(p[0], tuple) else (p[0], -1)   # a layer's own format before its heads'
+    k, v = (tuple(sorted(out[s].items(), key=order)) for s in "kv")
     return (k, v) if kv else k if what[0] == "k" else v
 
 def layer_formats_str(key_formats, # (layer, format) pairs: of the keys, or of the one kind of rows a setting is for
                       value_formats=None, # (layer, format) pairs of the values: keys and values in one string
                      ) -> str:
-    "The one writer: '5=tbq3,11=tbq3' for one kind of rows, 'k5=tbq3,v17=tbq2' for both ('' for none)."
-    if value_formats is None: return ",".join(f"{l}={f}" for l, f in key_formats)
-    return ",".join([f"k{l}={f}" for l, f in key_formats] + [f"v{l}={f}" for l, f in value_formats])
+    "The one writer: '5=tbq3,11.1=tbq3' for one kind of rows, 'k5=tbq3,v17=tbq2' for both ('' for none)."
+    if value_formats is None: return ",".join(f"{_label(l)}={f}" for l, f in key_formats)
+    return ",".join([f"k{_label(l)}={f}" for l, f in key_formats] + [f"v{_label(l)}={f}" for l, f in value_formats])
 
 # %% ../nbs/00_sizing.ipynb #000121e7
 @dataclass(frozen=True)
@@ -260,42 +272,57 @@ class CacheLayout:
     kv_format: object   # the cache's format: a registered name (or, for sizing, a `Rate`)
     layers: tuple       # model layer ids of the full-attention layers, in order
     head_dim: int
-    k_formats: tuple    # each layer's key format
-    v_formats: tuple    # each layer's value format
+    k_formats: tuple    # each layer's key format (a layer whose KV heads differ: a tuple, one format per head)
+    v_formats: tuple    # each layer's value format, the same way
 
     @classmethod
     def of(cls, layers, # model layer ids of the full-attention layers
            head_dim:int, kv_format,
            key_formats=None, value_formats=None, # {layer: format}, 'LAYER=FORMAT,...', pairs, or None/'' for none
-           owner:str="the model") -> CacheLayout: # how messages name the model
-        "Read per-layer overrides, checked against the layers and the head dim (unknown layer or format: ValueError)."
+           owner:str="the model", # how messages name the model
+           kv_heads:int|None=None) -> CacheLayout: # KV heads per layer: needed by formats of single heads ('5.1=tbq3')
+        "Read per-layer (and per-head) overrides, checked against the layers, heads and head dim (ValueError)."
         row_bytes(kv_format, head_dim); layers, fs = tuple(layers), []
         for spec, what in ((key_formats, "key"), (value_formats, "value")):
             pairs = parse_layer_formats(spec, what=what)   # the grammar, known formats, each layer once
+            per = {l: [kv_format] * (kv_heads or 1) for l in layers}
             for l, f in pairs:
+                (l, h), one = (l, None) if isinstance(l, tuple) else ((l, None), True)
                 if l not in layers:
                     raise ValueError(f"{what} format for layer {l}: {owner}'s attention layers (model layer ids) "
                                      f"are {list(layers)}")
+                if h is not None and (kv_heads is None or h >= kv_heads):
+                    raise ValueError(f"{what} format for KV head {h} of layer {l}: " + (
+                        f"{owner} has {kv_heads} KV heads" if kv_heads else "this layout was not given the KV heads"))
                 row_bytes(f, head_dim)                            # a format without this head_dim: ValueError
-            fs.append(dict(pairs))
-        return cls(kv_format, layers, head_dim, *(tuple(d.get(l, kv_format) for l in layers) for d in fs))
+                if h is None: per[l] = [f] * len(per[l])
+                else: per[l][h] = f
+            fs.append(tuple(p[0] if len(set(p)) == 1 else tuple(p) for p in per.values()))
+        return cls(kv_format, layers, head_dim, *fs)
     @classmethod
     def for_geometry(cls, geometry, kv_format, key_formats=None, value_formats=None) -> CacheLayout:
         "The layout of a `Geometry` (or preset name)'s attention layers."
-        g = get_geometry(geometry); return cls.of(g.attn_ids, g.head_dim, kv_format, key_formats, value_formats, g.name)
+        g = get_geometry(geometry)
+        return cls.of(g.attn_ids, g.head_dim, kv_format, key_formats, value_formats, g.name, g.kv_heads)
 
-    def _over(self, fs) -> tuple: return tuple((l, f) for l, f in zip(self.layers, fs) if f != self.kv_format)
+    def _over(self, fs) -> tuple: # (layer, format) and ((layer, head), format) pairs not in kv_format
+        return tuple(p for l, f in zip(self.layers, fs) for p in (
+            [((l, h), x) for h, x in enumerate(f) if x != self.kv_format] if isinstance(f, tuple)
+            else [(l, f)] if f != self.kv_format else []))
     @property
     def key_formats(self) -> tuple: return self._over(self.k_formats)      # (layer, format) keys not in kv_format
     @property
     def value_formats(self) -> tuple: return self._over(self.v_formats)    # ... and of the values
     @property
     def mixed(self) -> bool: return bool(self.key_formats or self.value_formats)
-    def row_bytes(self) -> tuple:
-        "(key row bytes, value row bytes) of each layer."
-        return tuple((row_bytes(k, self.head_dim), row_bytes(v, self.head_dim))
-                     for k, v in zip(self.k_formats, self.v_formats))
-    def bytes_per_token(self, kv_heads:int) -> int: return kv_heads * sum(a + b for a, b in self.row_bytes())
+    @property
+    def per_head(self) -> bool: return any(isinstance(f, tuple) for f in self.k_formats + self.v_formats)
+    def token_bytes(self, kv_heads:int) -> tuple:
+        "(key bytes, value bytes) of one token of each layer, all its KV heads."
+        tb = lambda f: (sum(row_bytes(x, self.head_dim) for x in f) if isinstance(f, tuple)
+                        else kv_heads * row_bytes(f, self.head_dim))
+        return tuple((tb(k), tb(v)) for k, v in zip(self.k_formats, self.v_formats))
+    def bytes_per_token(self, kv_heads:int) -> int: return sum(a + b for a, b in self.token_bytes(kv_heads))
     def describe(self) -> str: # the overrides as plan lines show them: 'k5=tbq3,v17=tbq2' ('' for one format)
         return layer_formats_str(self.key_formats, self.value_formats)
 

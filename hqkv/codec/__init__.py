@@ -13,7 +13,7 @@ from torch import Tensor
 
 # %% auto #0
 __all__ = ['HEAD_DIMS', 'describe_dims', 'Codec', 'register_codec', 'list_codecs', 'codec_class', 'asked_codec_opts', 'get_codec',
-           'check_codec']
+           'check_codec', 'HeadsCodec']
 
 # %% ../../nbs/10_codec.base.ipynb #9556850e
 HEAD_DIMS = tuple(range(64, 513, 16))   # every multiple of 16 from 64 to 512: the head sizes the built-in formats read
@@ -241,3 +241,70 @@ def check_codec(codec:Codec, n:int=64, seed:int=0):
     check("non-contiguous input", torch.equal(codec.encode(xt), codec.encode(xt.contiguous())))
     check("half-precision input", tuple(codec.encode(x.to(torch.bfloat16)).shape) == (n, R))
     return ran
+
+# %% ../../nbs/10_codec.base.ipynb #aa505a14
+class HeadsCodec:
+    "One layer's keys or values with a format per KV head: a token's heads are one row of `token_bytes`."
+    def __init__(self, codecs): # one `Codec` per KV head, all of one head_dim
+        self.codecs = tuple(codecs)
+        if not self.codecs or len({c.head_dim for c in self.codecs}) != 1:
+            raise ValueError(f"HeadsCodec: one codec per KV head, all of one head_dim; got {self.codecs}")
+        self.head_dim, self.heads = self.codecs[0].head_dim, len(self.codecs)
+        self.formats = tuple(c.name for c in self.codecs)
+        self.name = "heads(" + ",".join(self.formats) + ")"
+        rb = [c.row_bytes for c in self.codecs]
+        self.offsets = tuple(sum(rb[:h]) for h in range(self.heads))    # head h's row: bytes [offsets[h], + its row bytes)
+        self.token_bytes = self.row_bytes = sum(rb)
+        self.rotated = any(c.rotated for c in self.codecs)
+        self._groups = {}                                               # codec -> its heads
+        for h, c in enumerate(self.codecs): self._groups.setdefault(c, []).append(h)
+    def __repr__(self): return f"HeadsCodec({self.name}, head_dim={self.head_dim}, token_bytes={self.token_bytes})"
+    def _heads(self, x:Tensor, what:str) -> int: # G: x's heads per KV head
+        if x.ndim < 2 or x.shape[-1] != self.head_dim or x.shape[-2] % self.heads:
+            raise ValueError(f"{self.name}.{what}: expected [..., a multiple of {self.heads} heads, {self.head_dim}], "
+                             f"got {tuple(x.shape)}")
+        return x.shape[-2] // self.heads
+    def _per_head(self, x:Tensor, f, what:str) -> Tensor: # f(codec, x's rows of its heads) -> the same shape, float
+        G = self._heads(x, what); out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+        for c, hs in self._groups.items():
+            i = torch.tensor([h * G + g for h in hs for g in range(G)], device=x.device)
+            out[..., i, :] = f(c, x[..., i, :])
+        return out
+    def rotate(self, x:Tensor) -> Tensor: return self._per_head(x, lambda c, y: c.rotate(y), "rotate")
+    def unrotate(self, x:Tensor) -> Tensor: return self._per_head(x, lambda c, y: c.unrotate(y), "unrotate")
+
+# %% ../../nbs/10_codec.base.ipynb #d93a7956
+@patch
+def _code(self:HeadsCodec, x:Tensor, rotated:bool) -> Tensor:
+    if self._heads(x, "encode") != 1: raise ValueError(f"{self.name}.encode: one row per KV head, got {tuple(x.shape)}")
+    out = torch.empty(*x.shape[:-2], self.token_bytes, dtype=torch.uint8, device=x.device)
+    for c, hs in self._groups.items():
+        rows = (c.encode_rotated if rotated else c.encode)(x[..., hs, :])
+        for j, h in enumerate(hs): out[..., self.offsets[h]:self.offsets[h] + c.row_bytes] = rows[..., j, :]
+    return out
+
+@patch
+def encode(self:HeadsCodec, x:Tensor) -> Tensor:
+    "float [..., heads, head_dim] -> uint8 [..., token_bytes]."
+    return self._code(x, False)
+
+@patch
+def encode_rotated(self:HeadsCodec, y:Tensor) -> Tensor:
+    "The same from each head's coded domain (the window's rows)."
+    return self._code(y, True)
+
+@patch
+def decode_rotated(self:HeadsCodec, rows:Tensor, validate:bool=False) -> Tensor:
+    "uint8 [..., token_bytes] -> float32 [..., heads, head_dim], each head in its coded domain."
+    if not isinstance(rows, Tensor) or rows.dtype != torch.uint8 or rows.ndim == 0 or rows.shape[-1] != self.token_bytes:
+        raise ValueError(f"{self.name}.decode: expected uint8 [..., token_bytes={self.token_bytes}], got "
+                         f"{getattr(rows, 'dtype', type(rows).__name__)} {tuple(getattr(rows, 'shape', ()))}")
+    out = torch.empty(*rows.shape[:-1], self.heads, self.head_dim, device=rows.device)
+    for h, c in enumerate(self.codecs):
+        out[..., h, :] = c.decode_rotated(rows[..., self.offsets[h]:self.offsets[h] + c.row_bytes], validate)
+    return out
+
+@patch
+def decode(self:HeadsCodec, rows:Tensor, validate:bool=False) -> Tensor:
+    "uint8 [..., token_bytes] -> float32 [..., heads, head_dim], original domain."
+    return self.unrotate(self.decode_rotated(rows, validate))
