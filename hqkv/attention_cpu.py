@@ -13,11 +13,13 @@ from torch import Tensor
 from fastcore.basics import patch
 from .codec import Codec
 from .native import build, cpu_model
+from .codec import HeadsCodec
 from .attention import ExactWindow, _pair, _check_pages, _check_q, _check_table, _check_int, _check_window
 
 # %% auto #0
-__all__ = ['SOURCE', 'ISAS', 'CPU_FORMATS', 'e8_tables', 'lib', 'set_isa', 'isas_here', 'cpu_format', 'e8_int8_table',
-           'integer_keys', 'int8_query', 'held_spans', 'DecodePlan', 'paged_decode_cpu', 'paged_prefill_cpu']
+__all__ = ['SOURCE', 'ISAS', 'CPU_FORMATS', 'e8_tables', 'lib', 'set_isa', 'isas_here', 'cpu_format', 'cpu_formats',
+           'e8_int8_table', 'integer_keys', 'int8_query', 'held_spans', 'DecodePlan', 'paged_decode_cpu',
+           'paged_prefill_cpu']
 
 # %% ../nbs/34_attention.cpu.ipynb #512fa3f2
 # float32 [256*8 + 256*16]: magnitudes, then per low byte: sign masks (as float bits), signed shifts
@@ -42,12 +44,13 @@ class _Fmt(ctypes.Structure):
                 ("tab", ctypes.c_void_p), ("blk", ctypes.c_uint8 * 64), ("row_bytes", ctypes.c_int64)]
 
 _PTRS = ("q", "k_pages", "v_pages", "indptr", "indices", "spans", "k_sink", "v_sink", "k_ring", "v_ring", "out", "lse")
-_INTS = ("B", "H", "Gp", "D", "page_size", "k_row_bytes", "v_row_bytes",
+_INTS = ("B", "H", "Gp", "D", "page_size", "k_tok_bytes", "v_tok_bytes",
          "S", "R", "chunk", "threads", "block_rows", "window_block_rows")
 class _Args(ctypes.Structure):
     "One decode call (C++ `Args`)."
     _fields_ = [(n, ctypes.c_void_p) for n in _PTRS] + [(n, ctypes.c_int64) for n in _INTS] + \
-               [("kf", ctypes.POINTER(_Fmt)), ("vf", ctypes.POINTER(_Fmt))]
+               [("kf", ctypes.POINTER(_Fmt)), ("vf", ctypes.POINTER(_Fmt))] + \
+               [(n, ctypes.c_void_p) for n in ("k_off", "v_off", "wf", "w_off")]   # per head; wf, w_off: set by the C++
 
 class _Fold(ctypes.Structure):
     "A folded decode step's maps and rows (C++ `Fold`; `DecodePlan.run_folded`)."
@@ -132,6 +135,49 @@ def cpu_format(codec:Codec) -> tuple[_Fmt, Tensor|None]:
     _FMTS[key] = f, tab
     return f, tab
 
+# %% ../nbs/34_attention.cpu.ipynb #e8b326d8
+_SIDES = {}   # (each head's format key) -> what `_heads_format` returns
+
+def _heads_format(codec:Codec|HeadsCodec, H:int) -> tuple:
+    "One side of a layer as the kernel reads it: (its heads' `_Fmt`s, their byte offsets in a token, bytes a token)."
+    cs = codec.codecs if isinstance(codec, HeadsCodec) else (codec,) * H
+    key = tuple((c.name, c.head_dim, getattr(c, "seed", None)) for c in cs)
+    if key not in _SIDES:
+        fs = (_Fmt * H)(*(cpu_format(c)[0] for c in cs))           # copies: the tables stay alive in _FMTS
+        offs = torch.tensor([sum(c.row_bytes for c in cs[:h]) for h in range(H)], dtype=torch.int64)
+        _SIDES[key] = (ctypes.cast(fs, ctypes.POINTER(_Fmt)), offs.data_ptr(), sum(c.row_bytes for c in cs), fs, offs)
+    return _SIDES[key][:3]
+
+def cpu_formats(codec:Codec|HeadsCodec) -> list:
+    "`cpu_format` of each KV head's format (one for a `Codec`); ValueError naming a format the kernels do not read."
+    return [cpu_format(c) for c in (codec.codecs if isinstance(codec, HeadsCodec) else (codec,))]
+
+def _sides(codec) -> tuple:
+    "(key codec, value codec) of one codec or a pair, each a `Codec` or a `HeadsCodec` (a format per KV head)."
+    kc, vc = codec if isinstance(codec, tuple) and len(codec) == 2 else (codec, codec)
+    if not isinstance(kc, HeadsCodec) and not isinstance(vc, HeadsCodec): return _pair(codec)
+    for c in (kc, vc):
+        if not isinstance(c, (Codec, HeadsCodec)):
+            raise TypeError(f"codec must be a Codec, a HeadsCodec or a (key, value) pair of them, got {type(c).__name__}")
+    if kc.head_dim != vc.head_dim: raise ValueError(f"key head_dim {kc.head_dim} != value head_dim {vc.head_dim}")
+    return kc, vc
+
+def _cpu_pages(k_pages, v_pages, codec) -> tuple[int, int, int]:
+    "(num_pages, page_size, kv_heads) of a layer's pages, checked against its codecs (per head: [.., token_bytes])."
+    kc, vc = _sides(codec)
+    if not isinstance(kc, HeadsCodec) and not isinstance(vc, HeadsCodec): return _check_pages(k_pages, v_pages, codec)
+    dims = []
+    for n, t, c in (("k_pages", k_pages, kc), ("v_pages", v_pages, vc)):
+        per = isinstance(c, HeadsCodec)
+        if (not isinstance(t, Tensor) or t.dtype != torch.uint8 or t.ndim != 4 - per
+                or t.shape[-1] != (c.token_bytes if per else c.row_bytes)):
+            raise ValueError(f"{n} must be uint8 [num_pages, page_size, " + (f"token_bytes={c.token_bytes}]" if per else
+                             f"kv_heads, row_bytes={c.row_bytes}]") + f" for {c.name}, got "
+                             f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
+        dims.append((*t.shape[:2], c.heads if per else t.shape[2]))
+    if dims[0] != dims[1]: raise ValueError(f"k_pages and v_pages differ: (pages, page size, heads) {dims[0]} vs {dims[1]}")
+    return dims[0]
+
 # %% ../nbs/34_attention.cpu.ipynb #65ef1c95
 def e8_int8_table() -> Tensor:
     "int8 [65536, 8]: four times every hq-e8-2b codeword's values, the table the integer kernels gather from."
@@ -145,6 +191,10 @@ def integer_keys(codec) -> bool:
     lib()                                                              # the instruction set is chosen when it loads
     D = kc.head_dim
     return kc.name == "hq-e8-2b" and D % 64 == 0 and (_ISA == "avx512" or _ISA in ("avx2-int8", "avx-vnni") and D >= 128)
+
+def _key_heads(kc, H:int) -> list: # [(codec, slice of KV heads)]: one run of heads per codec
+    if not isinstance(kc, HeadsCodec): return [(kc, slice(0, H))]
+    return [(c, slice(h, h + 1)) for h, c in enumerate(kc.codecs)]
 
 def int8_query(qr:Tensor) -> Tensor: # qr as the kernels read it
     "`qr` [..., D] (rotated, scaled) rounded as the integer kernels round it: int8, one scale per row (max |q| / 127)."
@@ -184,8 +234,7 @@ def _args(B:int, H:int, Gp:int, D:int, P:int, spans:Tensor, indptr:Tensor, indic
 
 def _point(a:_Args, qr:Tensor, k_pages, v_pages, kc, vc, window, out:Tensor, lse:Tensor|None):
     "Point a call's fields at one layer: its query buffer, pages, formats, window and outputs."
-    (kf, _), (vf, _) = cpu_format(kc), cpu_format(vc)
-    a.k_row_bytes, a.v_row_bytes, a.kf, a.vf = kf.row_bytes, vf.row_bytes, ctypes.pointer(kf), ctypes.pointer(vf)
+    (a.kf, a.k_off, a.k_tok_bytes), (a.vf, a.v_off, a.v_tok_bytes) = _heads_format(kc, a.H), _heads_format(vc, a.H)
     a.q, a.k_pages, a.v_pages = qr.data_ptr(), k_pages.data_ptr(), v_pages.data_ptr()
     a.out, a.lse = out.data_ptr(), (None if lse is None else lse.data_ptr())
     if window is not None:
@@ -215,8 +264,8 @@ class DecodePlan:
                  window:ExactWindow|None=None, window_slots:Tensor|None=None,
                  threads:int|None=None, chunk:int|None=None,
                  appending:bool=False): # `run_folded` calls: each writes the sequences' new tokens to the window first
-        num_pages, P, H = _check_pages(k_pages, v_pages, codec)
-        D = _pair(codec)[0].head_dim
+        num_pages, P, H = _cpu_pages(k_pages, v_pages, codec)
+        D = _sides(codec)[0].head_dim
         B = indptr.shape[0] - 1 if isinstance(indptr, Tensor) and indptr.ndim == 1 else -1
         ip, idx = _check_table(indptr, indices, B, num_pages)
         lpl = _check_int("last_page_len", last_page_len, B)
@@ -242,10 +291,10 @@ class DecodePlan:
 @patch
 def _check_layer(self:DecodePlan, q:Tensor, k_pages:Tensor, v_pages:Tensor, codec, window:ExactWindow|None) -> int:
     "The cheap checks of one layer's call (its pages, query and window against the plan); returns G."
-    num_pages, P, H = _check_pages(k_pages, v_pages, codec)   # the codec pair's head sizes agree, the rows fit them
+    num_pages, P, H = _cpu_pages(k_pages, v_pages, codec)     # the codec pair's head sizes agree, the rows fit them
     if (num_pages, P, H) != self.shape:
         raise ValueError(f"pages [{num_pages}, {P}, {H}, ..] differ from the plan's {list(self.shape)}")
-    D = _pair(codec)[0].head_dim
+    D = _sides(codec)[0].head_dim
     if D != self.D: raise ValueError(f"codec head_dim {D} != the plan's {self.D}")
     if q.shape[0] != self.B: raise ValueError(f"q has {q.shape[0]} rows, the plan {self.B} sequences")
     if (window is None) != (self.window_sr is None):
@@ -269,7 +318,7 @@ def run(self:DecodePlan, q:Tensor, # float [B, Hq, D], original domain
         return_lse:bool=False) -> Tensor|tuple[Tensor, Tensor]:
     "One layer's decode attention over the planned table: `paged_decode_cpu`'s result."
     G = self._check_layer(q, k_pages, v_pages, codec, window)
-    kc, vc = _pair(codec)
+    kc, vc = _sides(codec)
     B, H, D = self.B, self.shape[2], self.D
     scale = 1 / math.sqrt(D) if scale is None else float(scale)
     qr = (kc.rotate(q.float()) * scale).reshape(B, H, G, D)          # rotate the query once (into the keys' domain)
@@ -372,8 +421,8 @@ def paged_prefill_cpu(q:Tensor,
                       return_lse:bool=False, threads:int|None=None, chunk:int|None=None,
                      ) -> Tensor|tuple[Tensor, Tensor]: # o [T, Hq, D] in q's dtype (and lse float32 [T, Hq])
     "`paged_prefill`: the prefix read in place by the kernels, the chunk's causal part in torch, merged by log-sum-exp."
-    num_pages, P, H = _check_pages(k_pages, v_pages, codec)
-    kc, vc = _pair(codec)
+    num_pages, P, H = _cpu_pages(k_pages, v_pages, codec)
+    kc, vc = _sides(codec)
     D = kc.head_dim
     G = _check_q(q, H, D); _check_q(k_new, H, D, "k_new"); _check_q(v_new, H, D, "v_new")
     T = q.shape[0]
@@ -391,7 +440,8 @@ def paged_prefill_cpu(q:Tensor,
     threads = torch.get_num_threads() if threads is None else threads
     chunk, items = _split(pl, P, threads, chunk)
     qr = kc.rotate(q.float()) * scale
-    if integer_keys(kc): qr = int8_query(qr)                  # the chunk's own part sees the query the kernels see
+    for c, hs in _key_heads(kc, H):                           # the chunk's own part sees the query the kernels see
+        if integer_keys(c): i = slice(hs.start * G, hs.stop * G); qr[:, i] = int8_query(qr[:, i])
     kr, vr = kc.rotate(k_new.float()), vc.rotate(v_new.float())
     Gp = _padded_group(max(qo[b + 1] - qo[b] for b in range(B)) * G)
     Q = qr.new_zeros(B, H, Gp, D)

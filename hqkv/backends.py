@@ -233,8 +233,8 @@ def _rows(self:GatherAttn, kv, li, src): return page_rows_decoded(kv, li, src)
 @patch
 def _decode(self:GatherAttn, kv, li:int, d:GatherDecode, qr, kr, vr, scale, softcap) -> Tensor:
     "Every decoding sequence's token attends over its prefix and itself, in one padded call."
-    w, kp = (kv.windows[li] if kv.windows is not None else None), kv.pool.k(li)
-    H, D, B = kp.shape[2], kv.k_codecs[li].head_dim, len(d.idx)
+    w = kv.windows[li] if kv.windows is not None else None
+    H, D, B = kv.pool.geometry.kv_heads, kv.k_codecs[li].head_dim, len(d.idx)
     K, V = (t.view(B, d.lmax, H, D) for t in self.buffers("dec", B * d.lmax, H, D, qr.device))
     if d.page_src is not None:                          # every sequence's coded rows in one decode call
         ks, vs = self._rows(kv, li, d.page_src)
@@ -249,8 +249,8 @@ def _decode(self:GatherAttn, kv, li:int, d:GatherDecode, qr, kr, vr, scale, soft
 def _chunk(self:GatherAttn, kv, li:int, step, i:int, P:int, s:int, r:int, src, x, qr, kr, vr, scale, softcap) -> Tensor:
     "One prefill chunk attends over its prefix (sinks, codes, ring) and causally over itself."
     # with `x` = (lo, hi, rows): as decode steps would read (`decode_reads`)
-    w, kp = (kv.windows[li] if kv.windows is not None else None), kv.pool.k(li)
-    sl, lane, H, D = step.span(i), step.lanes[i], kp.shape[2], kv.k_codecs[li].head_dim
+    w = kv.windows[li] if kv.windows is not None else None
+    sl, lane, H, D = step.span(i), step.lanes[i], kv.pool.geometry.kv_heads, kv.k_codecs[li].head_dim
     K, V = self.buffers("chunk", P + step.lens[i], H, D, qr.device)
     if src is not None: K[s:r], V[s:r] = self._rows(kv, li, src)
     if s: window_into(w, lane, 0, s, K, V, P)
@@ -366,7 +366,7 @@ def _folded_decode(self:PagedAttn, kv, step, li:int, q:Tensor, k:Tensor, v:Tenso
     "A decode-only step's layer from the model's q/k/v as they are (no key profile applied): `LayerMaps` map them."
     p, w, m = step.attn, (kv.windows[li] if kv.windows is not None else None), layer_maps(kv, li, scale)
     kp, vp, kc, vc = kv.pool.k(li), kv.pool.v(li), kv.k_codecs[li], kv.v_codecs[li]
-    B, Hq, D = q.shape; H = kp.shape[2]
+    B, Hq, D = q.shape; H = kv.pool.geometry.kv_heads
     if p.dec_call is None:                            # each call writes the step's tokens to the window itself
         t = p.dec_table
         p.dec_call = self._plan_decode(kp, vp, t.indptr, t.indices, t.last_page_len, kc if kc is vc else (kc, vc), w,
@@ -382,9 +382,17 @@ def _triton_backend() -> PagedAttn:
     from hqkv.kernels.store import store
     return PagedAttn("triton", decode, prefill, store, _triton_check, chunk_arg=True, defers_codes=False)
 
+def _one_format_per_layer(pool, backend:str):
+    "Refuse a pool with a layer whose KV heads have formats of their own (a per-head plan): named, with the way out."
+    for li, (k, v) in enumerate(pool.formats):
+        if isinstance(k, tuple) or isinstance(v, tuple):
+            raise ValueError(f"attention layer {li} has a format per KV head ({pool.layout.describe()}): the {backend} "
+                             "backend reads one format per layer's keys and values; use attn='cpu' or 'gather'")
+
 def _triton_check(pool):
     "Refuse a pool with a layer whose key or value format the kernels do not read, naming the layer and its formats."
     from hqkv.kernels import kernel_formats
+    _one_format_per_layer(pool, "triton")
     for li in range(pool.geometry.attn_layers):
         kc, vc = pool.k_codec(li), pool.v_codec(li)
         try: kernel_formats((kc, vc))
@@ -403,9 +411,9 @@ def triton_kernels_read(pool:KVPool) -> bool:
 def _cpu_backend() -> PagedAttn:
     "The CPU kernels that read pages in place (`hqkv.attention_cpu`)."
     # built with g++ on first use; a missing compiler is a named error
-    from hqkv.attention_cpu import DecodePlan, paged_decode_cpu, paged_prefill_cpu, cpu_format
+    from hqkv.attention_cpu import DecodePlan, paged_decode_cpu, paged_prefill_cpu, cpu_formats
     def check(pool):
-        for li in range(pool.geometry.attn_layers): cpu_format(pool.k_codec(li)); cpu_format(pool.v_codec(li))
+        for li in range(pool.geometry.attn_layers): cpu_formats(pool.k_codec(li)); cpu_formats(pool.v_codec(li))
     return PagedAttn("cpu", paged_decode_cpu, paged_prefill_cpu, check=check, plan_decode=DecodePlan)
 
 ATTN_BACKENDS = ("gather", "ref", "triton", "cpu")   # see the table above
@@ -413,7 +421,7 @@ ATTN_BACKENDS = ("gather", "ref", "triton", "cpu")   # see the table above
 def get_backend(name:str) -> AttnBackend:
     "The attention backend called `name` (engine.attn)."
     if name == "gather": return GatherAttn()
-    if name == "ref": return PagedAttn("ref", paged_decode, paged_prefill)
+    if name == "ref": return PagedAttn("ref", paged_decode, paged_prefill, check=lambda p: _one_format_per_layer(p, "ref"))
     if name == "triton": return _triton_backend()
     if name == "cpu": return _cpu_backend()
     raise ValueError(f"unknown attention backend {name!r}; choose one of {', '.join(ATTN_BACKENDS)}")
@@ -425,9 +433,9 @@ _CPU_WARNED = []   # the reason the CPU kernels cannot run here, once warned
 def cpu_kernels_read(pool:KVPool) -> bool:
     "Whether the `cpu` backend can read every layer of `pool` on this machine."
     # formats the kernels read, and kernels that build (a C++ compiler)
-    from hqkv.attention_cpu import cpu_format, lib
+    from hqkv.attention_cpu import cpu_formats, lib
     try:
-        for li in range(pool.geometry.attn_layers): cpu_format(pool.k_codec(li)); cpu_format(pool.v_codec(li))
+        for li in range(pool.geometry.attn_layers): cpu_formats(pool.k_codec(li)); cpu_formats(pool.v_codec(li))
     except ValueError: return False                 # a format the kernels do not read (fp8-e4m3): gather reads it
     try: lib()
     except (RuntimeError, OSError) as e:

@@ -15,7 +15,7 @@ from transformers import AttentionInterface, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import Cache, CacheLayerMixin, DYNAMIC_LAYER_TYPE_MAPPING, get_layer_types_and_kwargs
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-from .codec import Codec, get_codec, asked_codec_opts
+from .codec import Codec, HeadsCodec, get_codec, asked_codec_opts
 from .keyprofile import cache_setup
 from .attention import ExactWindow
 from .seqkv import SeqKV   # one row's storage (70a_seqkv); `from hqkv.hf import SeqKV` keeps working
@@ -294,8 +294,10 @@ class HQKVCache(Cache):
         setup = cache_setup(kv_format, full, D, key_profile, key_formats, value_formats, bit_plan, kvh, "this model")
         layout, plan = setup.layout, setup.plan
         kf, vf = dict(layout.key_formats), dict(layout.value_formats)
-        k_codecs = {l: get_codec(f, head_dim=D, **asked_codec_opts(f)) for l, f in kf.items()}
-        v_codecs = {l: get_codec(f, head_dim=D, **asked_codec_opts(f)) for l, f in vf.items()}
+        one = lambda f: get_codec(f, head_dim=D, **asked_codec_opts(f))
+        of = lambda f: HeadsCodec(map(one, f)) if isinstance(f, tuple) else one(f)   # a tuple: a format per KV head
+        k_codecs = {l: of(f) for l, f in zip(full, layout.k_formats) if f != kv_format}
+        v_codecs = {l: of(f) for l, f in zip(full, layout.v_formats) if f != kv_format}
         # a layer's value codec given alone: its keys stay in kv_format
         for l in v_codecs: k_codecs.setdefault(l, codec)
         slot = {l: j for j, l in enumerate(full)}

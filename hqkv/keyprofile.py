@@ -307,7 +307,7 @@ def cache_setup(kv_format:str, # kv.format: the cache's format
     plan = None if bit_plan == "off" or profile is None or manual else profile.plan_for(kv_format)
     if plan is not None: key_formats, value_formats = plan.key_formats, plan.value_formats
     # a layer the model lacks, an unknown format: ValueError
-    layout = CacheLayout.of(layers, head_dim, kv_format, key_formats, value_formats, owner)
+    layout = CacheLayout.of(layers, head_dim, kv_format, key_formats, value_formats, owner, kv_heads)
     return CacheSetup(layout, profile, plan,
                       plan.tag if plan is not None else "manual" if manual else "off" if bit_plan == "off" else "none")
 

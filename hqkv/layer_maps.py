@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 import torch
 from torch import Tensor
+from .codec import HeadsCodec
 
 # %% auto #0
 __all__ = ['LayerMaps', 'layer_maps']
@@ -31,7 +32,9 @@ class LayerMaps:
         if self.k is None: return k.float()
         if self.k.ndim == 2: return k.float() @ self.k
         return torch.matmul(k.float().unsqueeze(-2), self.k).squeeze(-2) + self.k_bias
-    def values(self, v:Tensor) -> Tensor: return v.float() if self.v is None else v.float() @ self.v
+    def values(self, v:Tensor) -> Tensor:
+        if self.v is None: return v.float()
+        return v.float() @ self.v if self.v.ndim == 2 else torch.matmul(v.float().unsqueeze(-2), self.v).squeeze(-2)
     def output(self, o:Tensor) -> Tensor: return o if self.o is None else torch.matmul(o, self.o)
 
 def _linear_map(f, D:int, dev) -> Tensor|None:
@@ -39,6 +42,12 @@ def _linear_map(f, D:int, dev) -> Tensor|None:
     eye = torch.eye(D, device=dev)
     m = f(eye)
     return None if torch.equal(m, eye) else m
+
+def _codec_map(c, f:str, D:int, dev) -> Tensor|None:
+    "A codec's `rotate` or `unrotate` (f) as a matrix: [D, D], [H, D, D] for a `HeadsCodec` (each head its own), or None."
+    if not isinstance(c, HeadsCodec): return _linear_map(getattr(c, f), D, dev)
+    ms = [_linear_map(getattr(x, f), D, dev) for x in c.codecs]
+    return None if all(m is None for m in ms) else torch.stack([torch.eye(D, device=dev) if m is None else m for m in ms])
 
 # %% ../nbs/36a_layer_maps.ipynb #bde0220e
 def layer_maps(kv, # a `PagedKV`: its codecs and key profile (the maps are kept in `kv.maps`)
@@ -48,11 +57,11 @@ def layer_maps(kv, # a `PagedKV`: its codecs and key profile (the maps are kept 
     if m is not None: return m
     kc, vc, prof = kv.k_codecs[li], kv.v_codecs[li], kv.key_profile
     D, dev = kc.head_dim, kv.pool.device
-    R, Rv, Ro = (_linear_map(f, D, dev) for f in (kc.rotate, vc.rotate, vc.unrotate))
+    R, Rv, Ro = (_codec_map(c, f, D, dev) for c, f in ((kc, "rotate"), (vc, "rotate"), (vc, "unrotate")))
     if prof is None: q, k, b = (None if R is None else R * scale), R, None
     else:                                             # sigma, mu: [H, D]; (q * sigma) R, (k - mu) / sigma R
         s, mu = prof.sigma[li].to(dev), prof.mu[li].to(dev)
-        R = torch.eye(D, device=dev) if R is None else R
+        R = torch.eye(D, device=dev) if R is None else R   # [D, D] or [H, D, D]
         q, k = s[:, :, None] * R * scale, R / s[:, :, None]
         b = -torch.matmul((mu / s)[:, None, :], R).squeeze(1)
     m = kv.maps[li, scale] = LayerMaps(q, k, b, Rv, Ro, float(scale))

@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 from fastcore.basics import patch
-from .codec import Codec
+import math
+from .codec import Codec, HeadsCodec
 from .attention import ExactWindow, paged_prefill
 
 # %% auto #0
@@ -29,12 +30,14 @@ class SeqKV:
         if self.k_codec.head_dim != codec.head_dim:
             raise ValueError(f"SeqKV: key codec head_dim {self.k_codec.head_dim} != value codec head_dim "
                              f"{codec.head_dim}")
-        self.k_pages = torch.empty(0, PAGE_TOKENS, kv_heads, self.k_codec.row_bytes, dtype=torch.uint8, device=device)
-        self.v_pages = torch.empty(0, PAGE_TOKENS, kv_heads, codec.row_bytes, dtype=torch.uint8, device=device)
+        # a codec per KV head (`HeadsCodec`): a token's heads are one row
+        tok = lambda c: (c.token_bytes,) if isinstance(c, HeadsCodec) else (kv_heads, c.row_bytes)
+        self.k_pages = torch.empty(0, PAGE_TOKENS, *tok(self.k_codec), dtype=torch.uint8, device=device)
+        self.v_pages = torch.empty(0, PAGE_TOKENS, *tok(codec), dtype=torch.uint8, device=device)
         self.window = ExactWindow.allocate(1, kv_heads, codec.head_dim, sinks, recent, device=device)
     @property
     def pages(self)->int: return -(-self.n // PAGE_TOKENS)   # pages in use
-    def _rows(self, t:Tensor)->Tensor: return t.view(-1, self.kv_heads, t.shape[-1])
+    def _rows(self, t:Tensor)->Tensor: return t.view(-1, *t.shape[2:])
     @property
     def _codecs(self): return self.codec if self.k_codec is self.codec else (self.k_codec, self.codec)
     def _reserve(self, n:int):
@@ -87,7 +90,7 @@ def nbytes(self:SeqKV)->int:
 @patch(as_prop=True)
 def used_nbytes(self:SeqKV)->int:
     "Bytes of the pages in use (the pool's accounting) plus the window."
-    return (self.pages * PAGE_TOKENS * self.kv_heads * (self.k_codec.row_bytes + self.codec.row_bytes)
+    return (self.pages * PAGE_TOKENS * (math.prod(self.k_pages.shape[2:]) + math.prod(self.v_pages.shape[2:]))
             + self.window.nbytes)
 
 # %% ../nbs/70a_seqkv.ipynb #3a7eebef
@@ -98,6 +101,10 @@ def attend(self:SeqKV, q:Tensor, # [C, Hq, D]: a chunk's queries (original domai
     "Causal attention of a chunk over the coded prefix, page by page (`paged_prefill`), and over itself."
     i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=q.device)
     P = self.pages
+    if isinstance(self.k_codec, HeadsCodec) or isinstance(self.codec, HeadsCodec):   # no paged kernel reads these pages
+        from hqkv.backends import gqa_attention
+        kp, vp = self.decoded()
+        return gqa_attention(q.float(), torch.cat([kp, k.float()]), torch.cat([vp, v.float()]), self.n, scale).to(q.dtype)
     return paged_prefill(q, k, v, i32([0, q.shape[0]]), self.k_pages, self.v_pages, i32([0, P]),
                          torch.arange(P, dtype=torch.int32, device=q.device), i32([self.n]), self._codecs,
                          scale=scale, window=self.window, window_slots=i32([0]))

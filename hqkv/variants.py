@@ -74,9 +74,10 @@ def parse(cls:KVVariant, spec:str)->KVVariant:
     return cls(fmt, **kw, key_formats=kf, value_formats=vf)
 
 @patch
-def layout(self:KVVariant, layers:tuple, head_dim:int, owner:str="the model")->CacheLayout:
+def layout(self:KVVariant, layers:tuple, head_dim:int, owner:str="the model",
+           kv_heads:int|None=None)->CacheLayout: # the model's KV heads (formats of single heads need them)
     "The variant's `CacheLayout` on a model's full-attention layers (its per-layer formats checked against them)."
-    return CacheLayout.of(layers, head_dim, self.kv_format, self.key_formats, self.value_formats, owner)
+    return CacheLayout.of(layers, head_dim, self.kv_format, self.key_formats, self.value_formats, owner, kv_heads)
 
 # %% ../nbs/50b_variants.ipynb #605a0553
 # `get_codec` options for evaluating a format: naming tbq3 in an evaluation is asking for it

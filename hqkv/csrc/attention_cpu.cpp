@@ -21,14 +21,13 @@ struct Fmt {                                  // one side's format (keys or valu
     int64_t kind, D, block, block_bytes;      // block: values per scale (ggml 32, tbq block, e8 unused)
     const float* tab;                         // e8: |pattern|[256][8], then per low byte [256][16]: sign masks, signed shifts; tbq: centroids[8 or 16]
     uint8_t blk[64];                          // the scale block of each group of 8 values (e8: its quarter; q8_0/q4_0/tbq: its block)
-    int64_t row_bytes;                        // bytes of a row (set by hqkv_cpu_decode)
+    int64_t row_bytes;                        // bytes of a row
     // not mirrored by ctypes: set by with_blocks
     int32_t nsb;                              // scale blocks per row
     int32_t sb[65];                           // block b covers groups [sb[b], sb[b + 1])
 };
-static Fmt with_blocks(const void* mirrored, int64_t row_bytes) {   // the ctypes part, then the block boundaries from blk
+static Fmt with_blocks(const void* mirrored) {   // the ctypes part, then the block boundaries from blk
     Fmt f; memset(&f, 0, sizeof f); memcpy(&f, mirrored, offsetof(Fmt, nsb));
-    f.row_bytes = row_bytes;
     const int C = (int)(f.D / 8); f.nsb = 0; f.sb[0] = 0;
     for (int c = 1; c <= C; ++c) if (c == C || f.blk[c] != f.blk[c - 1]) f.sb[++f.nsb] = c;
     return f;
@@ -36,15 +35,17 @@ static Fmt with_blocks(const void* mirrored, int64_t row_bytes) {   // the ctype
 
 struct Args {                                 // mirrored by hqkv.attention_cpu._Args (ctypes)
     const float* q;                           // [B, H, Gp, D] rotated, scaled
-    const uint8_t* k_pages; const uint8_t* v_pages;   // [num_pages, page_size, H, row_bytes]
+    const uint8_t* k_pages; const uint8_t* v_pages;   // [num_pages, page_size, tok_bytes]: head h's row at byte k_off[h]
     const int32_t* indptr; const int32_t* indices;
     const int64_t* spans;                     // [B, 4]: length L, s, r, window slot (sinks [0,s), codes [s,r), ring [r,L))
     const uint16_t* k_sink; const uint16_t* v_sink;   // bf16 [slots, S, H, D] (or null)
     const uint16_t* k_ring; const uint16_t* v_ring;   // bf16 [slots, R, H, D] (or null)
     float* out; float* lse;                   // [B, H, Gp, D], [B, H, Gp]
-    int64_t B, H, Gp, D, page_size, k_row_bytes, v_row_bytes, S, R, chunk, threads;
+    int64_t B, H, Gp, D, page_size, k_tok_bytes, v_tok_bytes, S, R, chunk, threads;   // tok_bytes: a token's rows, all heads
     int64_t block_rows, window_block_rows;    // set by hqkv_cpu_decode: rows per block of codes / of window rows (all heads' K and V under 128 KiB)
-    const Fmt* kf; const Fmt* vf;
+    const Fmt* kf; const Fmt* vf;             // [H] each head's format (from Python: ctypes arrays of the mirrored part)
+    const int64_t* k_off; const int64_t* v_off;   // [H] each head's byte offset in a token
+    const Fmt* wf; const int64_t* w_off;      // set by hqkv_cpu_decode: the window's rows (bf16) as a format and offsets
 };
 
 static inline float bf16f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
@@ -921,29 +922,31 @@ static void block(Ctx& cx, const Fmt& kf, const Fmt& vf, const uint8_t* kb, int6
     }
 }
 
-struct Blk { const uint8_t *kb, *vb; int64_t kh, vh, n; const Fmt *kf, *vf; };   // head 0's rows; kh/vh: bytes from one head to the next (= row stride / H)
+struct Blk { const uint8_t *kb, *vb; int64_t ks, vs, n; const Fmt *kf, *vf; const int64_t *ko, *vo; };   // the first token; ks/vs: bytes a token, ko/vo: each head's offset
 
 // the next block of positions [p, p1) of sequence b: one span (sinks, codes, ring) and one page
-static Blk next_block(const Args& a, const Fmt* wf, int64_t b, int64_t p, int64_t p1) {
+static Blk next_block(const Args& a, int64_t b, int64_t p, int64_t p1) {
     const int64_t H = a.H, D = a.D, P = a.page_size, BL = a.block_rows, BW = a.window_block_rows;
     const int64_t L = a.spans[4 * b], s = a.spans[4 * b + 1], r = a.spans[4 * b + 2], slot = a.spans[4 * b + 3];
     Blk k;
     if (p < s) {                               // sinks: exact rows of the window
         k.n = std::min<int64_t>({BW, s - p, p1 - p});
         int64_t o = (slot * a.S + p) * H * D;
-        k.kb = (const uint8_t*)(a.k_sink + o); k.vb = (const uint8_t*)(a.v_sink + o); k.kh = k.vh = D * 2; k.kf = k.vf = wf;
+        k.kb = (const uint8_t*)(a.k_sink + o); k.vb = (const uint8_t*)(a.v_sink + o);
     } else if (p < r) {                        // codes, in place in their page
         int64_t pg = a.indices[a.indptr[b] + p / P], t = p % P;
         k.n = std::min<int64_t>({BL, P - t, r - p, p1 - p});
-        k.kb = a.k_pages + (pg * P + t) * H * a.k_row_bytes; k.kh = a.k_row_bytes;
-        k.vb = a.v_pages + (pg * P + t) * H * a.v_row_bytes; k.vh = a.v_row_bytes;
+        k.kb = a.k_pages + (pg * P + t) * a.k_tok_bytes; k.ks = a.k_tok_bytes; k.ko = a.k_off;
+        k.vb = a.v_pages + (pg * P + t) * a.v_tok_bytes; k.vs = a.v_tok_bytes; k.vo = a.v_off;
         k.kf = a.kf; k.vf = a.vf;
+        return k;
     } else {                                   // the recent ring: position p in row p % R
         int64_t t = p % a.R;
         k.n = std::min<int64_t>({BW, a.R - t, L - p, p1 - p});
         int64_t o = (slot * a.R + t) * H * D;
-        k.kb = (const uint8_t*)(a.k_ring + o); k.vb = (const uint8_t*)(a.v_ring + o); k.kh = k.vh = D * 2; k.kf = k.vf = wf;
+        k.kb = (const uint8_t*)(a.k_ring + o); k.vb = (const uint8_t*)(a.v_ring + o);
     }
+    k.ks = k.vs = H * D * 2; k.ko = k.vo = a.w_off; k.kf = k.vf = a.wf;   // window rows: bf16, heads one after another
     return k;
 }
 
@@ -953,38 +956,46 @@ static Blk next_block(const Args& a, const Fmt* wf, int64_t b, int64_t p, int64_
 static void item(const Args& a, Ctx& cx, int64_t b, int64_t p0, int64_t p1, float* w, const uint8_t* qu, const float* qs, const float* qf,
                  const int32_t* qk) {
     const int64_t H = a.H, D = a.D, G = a.Gp, W = G * (D + 2);
-    Fmt wf; memset(&wf, 0, sizeof wf); wf.kind = FMT_BF16; wf.D = D; wf.row_bytes = 2 * D; wf.nsb = 1; wf.sb[1] = (int32_t)(D / 8);
     for (int64_t h = 0; h < H; ++h) {
         float* wh = w + h * W;
         for (int64_t g = 0; g < G; ++g) { wh[g] = -INFINITY; wh[G + g] = 0; }
         memset(wh + 2 * G, 0, sizeof(float) * G * D);
     }
     if (p0 >= p1) return;
-    Blk cur = next_block(a, &wf, b, p0, p1);
+    Blk cur = next_block(a, b, p0, p1);
     for (int64_t p = p0; p < p1;) {
         int64_t pn = p + cur.n;
         for (int64_t h = 0; h < H; ++h) {
             float* wh = w + h * W;
-            block(cx, *cur.kf, *cur.vf, cur.kb + h * cur.kh, cur.kh * H, cur.vb + h * cur.vh, cur.vh * H, (int)cur.n,
-                  (qf ? qf : a.q) + (b * H + h) * G * D, qu ? qu + (b * H + h) * G * D : nullptr, qu ? qs + (b * H + h) * G : nullptr,
-                  qu ? qk + (b * H + h) * G * 8 : nullptr, G, D, wh, wh + G, wh + 2 * G);
+            const bool iq = qu && int_keys(a.kf[h]);   // this head's keys as integers: the rounded query, as its codes see it
+            block(cx, cur.kf[h], cur.vf[h], cur.kb + cur.ko[h], cur.ks, cur.vb + cur.vo[h], cur.vs, (int)cur.n,
+                  (iq ? qf : a.q) + (b * H + h) * G * D, iq ? qu + (b * H + h) * G * D : nullptr, iq ? qs + (b * H + h) * G : nullptr,
+                  iq ? qk + (b * H + h) * G * 8 : nullptr, G, D, wh, wh + G, wh + 2 * G);
         }
-        p = pn; if (p < p1) cur = next_block(a, &wf, b, p, p1);
+        p = pn; if (p < p1) cur = next_block(a, b, p, p1);
     }
 }
 
 extern "C" int hqkv_cpu_decode(const Args* ap, float* work) {   // work: [items, H, Gp, D + 2] floats
     Args a = *ap;
     if (g_isa < 0) hqkv_cpu_isa(-1);
-    Fmt kf = with_blocks(a.kf, a.k_row_bytes), vf = with_blocks(a.vf, a.v_row_bytes);
-    a.kf = &kf; a.vf = &vf;
-    auto rows_for = [&](int64_t bytes) { return std::max<int64_t>(8, std::min<int64_t>(BLK, (131072 / (a.H * bytes)) & ~7)); };
-    a.block_rows = rows_for(a.k_row_bytes + a.v_row_bytes); a.window_block_rows = rows_for(4 * a.D);   // window rows are bf16
     const int64_t H = a.H, G = a.Gp, D = a.D, W = G * (D + 2);
+    std::vector<Fmt> kf(H), vf(H), wf(H);     // each head's format, block boundaries included
+    std::vector<int64_t> woff(H);
+    const size_t mirrored = offsetof(Fmt, nsb);   // the size of one ctypes _Fmt
+    for (int64_t h = 0; h < H; ++h) {
+        kf[h] = with_blocks((const char*)ap->kf + h * mirrored); vf[h] = with_blocks((const char*)ap->vf + h * mirrored);
+        memset(&wf[h], 0, sizeof(Fmt)); wf[h].kind = FMT_BF16; wf[h].D = D; wf[h].row_bytes = 2 * D; wf[h].nsb = 1; wf[h].sb[1] = (int32_t)(D / 8);
+        woff[h] = h * 2 * D;
+    }
+    a.kf = kf.data(); a.vf = vf.data(); a.wf = wf.data(); a.w_off = woff.data();
+    auto rows_for = [&](int64_t bytes) { return std::max<int64_t>(8, std::min<int64_t>(BLK, (131072 / bytes) & ~7)); };   // bytes: a token
+    a.block_rows = rows_for(a.k_tok_bytes + a.v_tok_bytes); a.window_block_rows = rows_for(4 * H * D);   // window rows are bf16
     std::vector<int64_t> first(a.B + 1, 0);   // items of sequence b: first[b] .. first[b+1]-1, one per split
     for (int64_t b = 0; b < a.B; ++b) { int64_t L = a.spans[4 * b]; first[b + 1] = first[b] + std::max<int64_t>(1, (L + a.chunk - 1) / a.chunk); }
     const int64_t items = first[a.B];
-    const bool quant = int_keys(kf);            // the int8 query of every (sequence, KV head), once per call
+    bool quant = false;                         // the int8 query of every (sequence, KV head), once per call
+    for (int64_t h = 0; h < H; ++h) quant = quant || int_keys(kf[h]);
     std::vector<uint8_t> qu(quant ? a.B * H * G * D : 0); std::vector<float> qs(quant ? a.B * H * G : 0), qf(quant ? a.B * H * G * D : 0);
     std::vector<int32_t> qk(quant ? a.B * H * G * 8 : 0);
     #pragma omp parallel num_threads((int)a.threads) if (a.threads > 1)
