@@ -135,7 +135,7 @@ def cpu_format(codec:Codec) -> tuple[_Fmt, Tensor|None]:
     _FMTS[key] = f, tab
     return f, tab
 
-# %% ../nbs/34_attention.cpu.ipynb #e8b326d8
+# %% ../nbs/34_attention.cpu.ipynb #a859a1af
 _SIDES = {}   # (each head's format key) -> what `_heads_format` returns
 
 def _heads_format(codec:Codec|HeadsCodec, H:int) -> tuple:

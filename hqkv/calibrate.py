@@ -292,7 +292,8 @@ def coded_errors(q:Tensor, k:Tensor, v:Tensor, # [Hq, n, D] queries at positions
     return out
 
 # %% ../nbs/15_calibrate.ipynb #0432cc58
-def _window_proxy(acc:dict, qkv:dict, grads:dict, fmts, n:int, chunk:int, sinks:int, recent:int, profile, w:float):
+def _window_proxy(acc:dict, qkv:dict, grads:dict, fmts, n:int, chunk:int, sinks:int, recent:int, profile, w:float,
+                  heads:dict|None=None): # also the same sum per KV head ('k5.1'), over its query heads only
     "Add one window's proxy (weight w) of every (row, format) to acc: 0.5 / n x mean over draws of sum_t (g_t . e_t)^2."
     for l, (q, k, v, scale) in qkv.items():
         i = None if profile is None else list(profile.layers).index(l)
@@ -304,8 +305,11 @@ def _window_proxy(acc:dict, qkv:dict, grads:dict, fmts, n:int, chunk:int, sinks:
             coded = coded_reads(qpos, N, N - n, chunk, sinks, recent)
             if not coded.any(): continue
             for (kv, f), e in coded_errors(q[:, qpos], k, v, scale, qpos, coded, codes).items():
-                sq = sum(float(((g[qpos] * e).sum((1, 2)) ** 2).sum()) for g in grads[l]) / len(grads[l])
-                acc[_row(l, kv), f] = acc.get((_row(l, kv), f), 0.0) + w * 0.5 * sq / n
+                ge = [(g[qpos] * e).sum(-1).reshape(len(qpos), k.shape[0], -1).sum(-1) for g in grads[l]]   # [nq, Hkv]
+                add = lambda r, x: acc.__setitem__((r, f), acc.get((r, f), 0.0) + w * 0.5 * x / n)
+                add(_row(l, kv), sum(float((x.sum(1) ** 2).sum()) for x in ge) / len(ge))
+                for h in range(k.shape[0]) if heads is not None else ():
+                    add(f"{_row(l, kv)}.{h}", sum(float((x[:, h] ** 2).sum()) for x in ge) / len(ge))
 
 # %% ../nbs/15_calibrate.ipynb #d1840ea6
 METHODS = ("auto", "proxy", "exact")   # how a plan measures the rows: auto = proxy
@@ -327,6 +331,7 @@ def proxy_sensitivity(model, # an `hqkv.quality.HFModel` (a transformers model)
                       chunk:int=1024, score_last:int=1024,
                       samples:int=2, # tokens drawn per scored position for the gradients
                       seed:int=0, log=print,
+                      per_head:bool=False, # predict each KV head's rows ('k5.1') instead of each layer's ('k5')
                      ) -> tuple[float, dict]: # (base KLD, {row: {format: predicted KLD}}), as `row_sensitivity`
     "`row_sensitivity`'s numbers predicted from attention-output errors and logit gradients, tied to the base's KLD."
     from hqkv.quality import HFModel, KVVariant, kld_eval
@@ -342,10 +347,12 @@ def proxy_sensitivity(model, # an `hqkv.quality.HFModel` (a transformers model)
         n = min(score_last, len(ids))
         if i == 0: base_kld = kld_eval(model, ids, nx, [v0], chunk, n, profile)[v0.name].summary()["kld"]
         qkv, grads = attention_grads(model.model, ids, layers, n, samples, seed + i)
-        _window_proxy(acc, qkv, grads, fmts, n, chunk, sinks, recent, profile, 1 / len(windows))
+        _window_proxy(acc, qkv, grads, fmts, n, chunk, sinks, recent, profile, 1 / len(windows), {} if per_head else None)
         _progress(log, i + 1, len(windows), time.perf_counter() - t0)
+    # one constant for layers and heads: the layers' sums (a head's leaves out the cross terms between heads) to the KLD
     c = base_kld / max(sum(acc.get((_row(l, kv), base), 0.0) for l in layers for kv in "kv"), 1e-30)
-    rows = [_row(l, kv) for l in layers for kv in "kv"]
+    rows = [_row(l, kv) + (f".{h}" if per_head else "") for l in layers for kv in "kv"
+            for h in (range(model.geometry.kv_heads) if per_head else [0])]
     change = lambda r, f: c * (acc.get((r, f), 0.0) - acc.get((r, base), 0.0))
     return base_kld, {r: {f: base_kld + change(r, f) for f in fmts if f != base} for r in rows}
 
@@ -354,6 +361,7 @@ def calibrate_plan(model, windows:list, budget, # bits per value, or bytes per t
                    base:str="hq-e8-2b", candidates=CANDIDATES, profile=None, sinks:int=32, recent:int=512,
                    chunk:int=1024, score_last:int=1024, regime:str="decode", source:str="", log=print,
                    method:str="auto", # `METHODS`: the rows measured exactly, or predicted (`proxy_sensitivity`)
+                   per_head:bool=False, # a format per (layer, K/V, KV head) (the proxy only): `'k5.1=tbq2'`
                   ) -> BitPlan:
     "Measure every row's sensitivity on `windows` and choose the formats of least predicted KLD within `budget`."
     D, layers, how = model.geometry.head_dim, model.cfg.global_layers, _method(method)
@@ -363,13 +371,15 @@ def calibrate_plan(model, windows:list, budget, # bits per value, or bytes per t
         raise ValueError(f"a budget of {b:.3f} bits per value is below every candidate at head_dim {D}")
     if how == "proxy" and regime != "decode":
         raise ValueError(f"the proxy models the decode regime, not {regime!r}: use method='exact'")
+    if per_head and how != "proxy": raise ValueError("a plan per KV head is predicted by the proxy: use method='proxy'")
     t0 = time.perf_counter()
     args = (model, windows, base, candidates, profile, sinks, recent, chunk, score_last)
-    if how == "proxy": base_kld, sens = proxy_sensitivity(*args, log=log)
+    if how == "proxy": base_kld, sens = proxy_sensitivity(*args, log=log, per_head=per_head)
     else: base_kld, sens = row_sensitivity(*args, regime, log)
     cal = dict(source=source, windows=len(windows), context=max(len(w[0]) for w in windows), score_last=score_last,
                chunk=chunk, regime=regime, window=[sinks, recent], candidates=list(candidates), method=how,
-               key_profile=None if profile is None else profile.tag, seconds=round(time.perf_counter() - t0))
+               key_profile=None if profile is None else profile.tag, seconds=round(time.perf_counter() - t0),
+               per_head=per_head)
     return bit_plan(sens, base_kld, base, D, b, cal)
 
 # %% ../nbs/15_calibrate.ipynb #5b64fd5c

@@ -247,6 +247,9 @@ def _calibrate_setup(p:argparse.ArgumentParser):
     g.add_argument("--plan-method", default="auto", choices=METHODS,
                    help="proxy: predict each row's KLD from one forward and a few backward passes per window "
                         "(minutes); exact: one KLD run per row and format (hours on a CPU); auto (default): proxy")
+    g.add_argument("--per-head", action="store_true",
+                   help="a format per (layer, K/V, KV head) instead of per (layer, K/V) (the proxy only; such a plan "
+                        "runs on the cpu and gather attention backends)")
 
 # %% ../nbs/42a_commands.ipynb #72b98559
 def _first_tokens(ids:list, n:int|None, limit:int, what:str) -> list:
@@ -303,7 +306,7 @@ def _calibrate_plan(args, model, prof, text:str, tf:Path, cfg):
     cands = [c for c in args.candidates.split(",") if c]
     if not args.json: _plan_notice(model, args, len(cands), len(wins))
     bp = calibrate_plan(model, wins, args.budget, args.plan_format, cands, prof, cfg.window_sinks, cfg.window_recent,
-                        method=args.plan_method, chunk=min(1024, args.plan_context),
+                        method=args.plan_method, chunk=min(1024, args.plan_context), per_head=args.per_head,
                         score_last=min(1024, args.plan_context), source=tf.name, log=None if args.json else print)
     return prof.with_plan(bp)
 
