@@ -136,16 +136,17 @@ def cpu_format(codec:Codec) -> tuple[_Fmt, Tensor|None]:
     return f, tab
 
 # %% ../nbs/34_attention.cpu.ipynb #a859a1af
-_SIDES = {}   # (each head's format key) -> what `_heads_format` returns
+_SIDES = {}   # (id(codec), H) -> what `_heads_format` returns, and the codec (so that its id stays its own)
 
 def _heads_format(codec:Codec|HeadsCodec, H:int) -> tuple:
     "One side of a layer as the kernel reads it: (its heads' `_Fmt`s, their byte offsets in a token, bytes a token)."
-    cs = codec.codecs if isinstance(codec, HeadsCodec) else (codec,) * H
-    key = tuple((c.name, c.head_dim, getattr(c, "seed", None)) for c in cs)
+    key = (id(codec), H)                                            # every layer of every step asks: one lookup
     if key not in _SIDES:
+        cs = codec.codecs if isinstance(codec, HeadsCodec) else (codec,) * H
         fs = (_Fmt * H)(*(cpu_format(c)[0] for c in cs))           # copies: the tables stay alive in _FMTS
         offs = torch.tensor([sum(c.row_bytes for c in cs[:h]) for h in range(H)], dtype=torch.int64)
-        _SIDES[key] = (ctypes.cast(fs, ctypes.POINTER(_Fmt)), offs.data_ptr(), sum(c.row_bytes for c in cs), fs, offs)
+        _SIDES[key] = (ctypes.cast(fs, ctypes.POINTER(_Fmt)), offs.data_ptr(), sum(c.row_bytes for c in cs), fs, offs,
+                       codec)
     return _SIDES[key][:3]
 
 def cpu_formats(codec:Codec|HeadsCodec) -> list:

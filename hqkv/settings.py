@@ -85,7 +85,8 @@ SETTINGS = (
     Setting("key_profile", "kv.key_profile", "str", "auto", "--key-profile",
             "'auto' (the model's calibrated profile, rotated formats), 'off', or a profile file"),
     Setting("key_formats", "kv.key_formats", "formats", "", "--key-formats",
-            "some layers' keys in their own format, 'LAYER=FORMAT,...' (model layer ids), e.g. '5=tbq3,11=tbq3'"),
+            "some layers' keys in their own format, 'LAYER=FORMAT,...' (model layer ids; LAYER.HEAD: one KV head), "
+            "e.g. '5=tbq3,11.1=tbq3'"),
     Setting("value_formats", "kv.value_formats", "formats", "", "--value-formats",
             "some layers' values in their own format, the same way, e.g. '5=q8_0'"),
     Setting("bit_plan", "kv.bit_plan", "str", "auto", "--bit-plan",
