@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from fastcore.basics import patch
-from .codec import Codec, get_codec, list_codecs
+from .codec import Codec, HeadsCodec, get_codec, list_codecs
 
 # %% auto #0
 __all__ = ['ExactWindow', 'paged_decode', 'random_paged', 'dense_kv', 'sdpa_decode', 'paged_prefill']
@@ -117,28 +117,34 @@ def lookup(self:ExactWindow, slot:int, pos:Tensor, # int64 positions of one sequ
     return sink | rec, k, v
 
 # %% ../nbs/30_attention.ref.ipynb #6f26897d
-def _pair(codec) -> tuple[Codec, Codec]:
+def _pair(codec, per_head:bool=False) -> tuple[Codec, Codec]: # per_head: a `HeadsCodec` may be either (the CPU kernels)
     "(key codec, value codec) from one codec (both) or a pair (keys in another format than the values)."
     kc, vc = codec if isinstance(codec, tuple) and len(codec) == 2 else (codec, codec)
     for c in (kc, vc):
-        if not isinstance(c, Codec):
+        if isinstance(c, HeadsCodec) and not per_head:
+            raise ValueError(f"{c.name} is a format per KV head: this path reads one format per layer's keys and "
+                             "values (the CPU kernels and the gather backend read it)")
+        if not isinstance(c, (Codec, HeadsCodec)):
             raise TypeError(f"codec must be a hqkv Codec or a (key codec, value codec) pair, got {type(c).__name__}")
     if kc.head_dim != vc.head_dim:
         raise ValueError(f"key codec head_dim {kc.head_dim} != value codec head_dim {vc.head_dim}")
     return kc, vc
 
-def _check_pages(k_pages, v_pages, codec):
-    kc, vc = _pair(codec)
-    for n, t, c in (("k_pages", k_pages, kc), ("v_pages", v_pages, vc)):
-        if not isinstance(t, Tensor) or t.dtype != torch.uint8 or t.ndim != 4:
-            raise TypeError(f"{n} must be a uint8 tensor [num_pages, page_size, kv_heads, row_bytes], got "
+def _check_pages(k_pages, v_pages, codec, per_head:bool=False) -> tuple[int, int, int]: # (pages, page size, KV heads)
+    "A layer's pages against its codecs: [num_pages, page_size, kv_heads, row_bytes] ([.., token_bytes]: `HeadsCodec`)."
+    dims = []
+    for n, t, c in zip(("k_pages", "v_pages"), (k_pages, v_pages), _pair(codec, per_head)):
+        ph = isinstance(c, HeadsCodec); rb = c.token_bytes if ph else c.row_bytes
+        if not isinstance(t, Tensor) or t.dtype != torch.uint8 or t.ndim != 4 - ph:
+            raise TypeError(f"{n} must be a uint8 tensor [num_pages, page_size, "
+                            f"{'token_bytes' if ph else 'kv_heads, row_bytes'}], got "
                             f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
-        if t.shape[-1] != c.row_bytes:
+        if t.shape[-1] != rb:
             raise ValueError(f"{n}: row_bytes {t.shape[-1]} does not match {c.name} at head_dim {c.head_dim} "
-                             f"(row_bytes {c.row_bytes})")
-    if k_pages.shape[:3] != v_pages.shape[:3]:
-        raise ValueError(f"k_pages {tuple(k_pages.shape)} and v_pages {tuple(v_pages.shape)} differ")
-    return k_pages.shape[0], k_pages.shape[1], k_pages.shape[2]
+                             f"(row_bytes {rb})")
+        dims.append((*t.shape[:2], c.heads if ph else t.shape[2]))
+    if dims[0] != dims[1]: raise ValueError(f"k_pages {tuple(k_pages.shape)} and v_pages {tuple(v_pages.shape)} differ")
+    return dims[0]
 
 # %% ../nbs/30_attention.ref.ipynb #09fb33cc
 def _check_int(name, t, shape0=None):

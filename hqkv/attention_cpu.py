@@ -153,31 +153,7 @@ def cpu_formats(codec:Codec|HeadsCodec) -> list:
     "`cpu_format` of each KV head's format (one for a `Codec`); ValueError naming a format the kernels do not read."
     return [cpu_format(c) for c in (codec.codecs if isinstance(codec, HeadsCodec) else (codec,))]
 
-def _sides(codec) -> tuple:
-    "(key codec, value codec) of one codec or a pair, each a `Codec` or a `HeadsCodec` (a format per KV head)."
-    kc, vc = codec if isinstance(codec, tuple) and len(codec) == 2 else (codec, codec)
-    if not isinstance(kc, HeadsCodec) and not isinstance(vc, HeadsCodec): return _pair(codec)
-    for c in (kc, vc):
-        if not isinstance(c, (Codec, HeadsCodec)):
-            raise TypeError(f"codec must be a Codec, a HeadsCodec or a (key, value) pair of them, got {type(c).__name__}")
-    if kc.head_dim != vc.head_dim: raise ValueError(f"key head_dim {kc.head_dim} != value head_dim {vc.head_dim}")
-    return kc, vc
 
-def _cpu_pages(k_pages, v_pages, codec) -> tuple[int, int, int]:
-    "(num_pages, page_size, kv_heads) of a layer's pages, checked against its codecs (per head: [.., token_bytes])."
-    kc, vc = _sides(codec)
-    if not isinstance(kc, HeadsCodec) and not isinstance(vc, HeadsCodec): return _check_pages(k_pages, v_pages, codec)
-    dims = []
-    for n, t, c in (("k_pages", k_pages, kc), ("v_pages", v_pages, vc)):
-        per = isinstance(c, HeadsCodec)
-        if (not isinstance(t, Tensor) or t.dtype != torch.uint8 or t.ndim != 4 - per
-                or t.shape[-1] != (c.token_bytes if per else c.row_bytes)):
-            raise ValueError(f"{n} must be uint8 [num_pages, page_size, " + (f"token_bytes={c.token_bytes}]" if per else
-                             f"kv_heads, row_bytes={c.row_bytes}]") + f" for {c.name}, got "
-                             f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
-        dims.append((*t.shape[:2], c.heads if per else t.shape[2]))
-    if dims[0] != dims[1]: raise ValueError(f"k_pages and v_pages differ: (pages, page size, heads) {dims[0]} vs {dims[1]}")
-    return dims[0]
 
 # %% ../nbs/34_attention.cpu.ipynb #65ef1c95
 def e8_int8_table() -> Tensor:
@@ -265,8 +241,8 @@ class DecodePlan:
                  window:ExactWindow|None=None, window_slots:Tensor|None=None,
                  threads:int|None=None, chunk:int|None=None,
                  appending:bool=False): # `run_folded` calls: each writes the sequences' new tokens to the window first
-        num_pages, P, H = _cpu_pages(k_pages, v_pages, codec)
-        D = _sides(codec)[0].head_dim
+        num_pages, P, H = _check_pages(k_pages, v_pages, codec, True)
+        D = _pair(codec, True)[0].head_dim
         B = indptr.shape[0] - 1 if isinstance(indptr, Tensor) and indptr.ndim == 1 else -1
         ip, idx = _check_table(indptr, indices, B, num_pages)
         lpl = _check_int("last_page_len", last_page_len, B)
@@ -292,10 +268,10 @@ class DecodePlan:
 @patch
 def _check_layer(self:DecodePlan, q:Tensor, k_pages:Tensor, v_pages:Tensor, codec, window:ExactWindow|None) -> int:
     "The cheap checks of one layer's call (its pages, query and window against the plan); returns G."
-    num_pages, P, H = _cpu_pages(k_pages, v_pages, codec)     # the codec pair's head sizes agree, the rows fit them
+    num_pages, P, H = _check_pages(k_pages, v_pages, codec, True)   # head sizes agree, the rows fit the codecs
     if (num_pages, P, H) != self.shape:
         raise ValueError(f"pages [{num_pages}, {P}, {H}, ..] differ from the plan's {list(self.shape)}")
-    D = _sides(codec)[0].head_dim
+    D = _pair(codec, True)[0].head_dim
     if D != self.D: raise ValueError(f"codec head_dim {D} != the plan's {self.D}")
     if q.shape[0] != self.B: raise ValueError(f"q has {q.shape[0]} rows, the plan {self.B} sequences")
     if (window is None) != (self.window_sr is None):
@@ -319,7 +295,7 @@ def run(self:DecodePlan, q:Tensor, # float [B, Hq, D], original domain
         return_lse:bool=False) -> Tensor|tuple[Tensor, Tensor]:
     "One layer's decode attention over the planned table: `paged_decode_cpu`'s result."
     G = self._check_layer(q, k_pages, v_pages, codec, window)
-    kc, vc = _sides(codec)
+    kc, vc = _pair(codec, True)
     B, H, D = self.B, self.shape[2], self.D
     scale = 1 / math.sqrt(D) if scale is None else float(scale)
     qr = (kc.rotate(q.float()) * scale).reshape(B, H, G, D)          # rotate the query once (into the keys' domain)
@@ -422,8 +398,8 @@ def paged_prefill_cpu(q:Tensor,
                       return_lse:bool=False, threads:int|None=None, chunk:int|None=None,
                      ) -> Tensor|tuple[Tensor, Tensor]: # o [T, Hq, D] in q's dtype (and lse float32 [T, Hq])
     "`paged_prefill`: the prefix read in place by the kernels, the chunk's causal part in torch, merged by log-sum-exp."
-    num_pages, P, H = _cpu_pages(k_pages, v_pages, codec)
-    kc, vc = _sides(codec)
+    num_pages, P, H = _check_pages(k_pages, v_pages, codec, True)
+    kc, vc = _pair(codec, True)
     D = kc.head_dim
     G = _check_q(q, H, D); _check_q(k_new, H, D, "k_new"); _check_q(v_new, H, D, "v_new")
     T = q.shape[0]

@@ -18,7 +18,6 @@ from .pool import KVPool, PageTable
 from .window import window_put, window_into, decode_span, decode_reads
 from .layer_maps import layer_maps
 
-
 # %% auto #0
 __all__ = ['ATTN_BACKENDS', 'StepPlan', 'AttnBackend', 'encode_store', 'store_rows', 'gqa_attention', 'GatherDecode',
            'GatherPlan', 'gqa_padded', 'GatherAttn', 'page_rows_decoded', 'PagedPlan', 'PagedAttn',
@@ -72,8 +71,7 @@ class AttnBackend(Protocol):
 def encode_store(kv, # a `PagedKV`
                  li:int, k:Tensor, v:Tensor, slots:Tensor):
     "Code K/V rows ([m, kv_heads, D], original domain) with layer `li`'s codecs into its pages at flat rows `slots`."
-    # K and V in one call when one codec
-    kc, vc = kv.k_codecs[li], kv.v_codecs[li]
+    kc, vc = kv.k_codecs[li], kv.v_codecs[li]   # K and V in one call when one codec
     if kc is vc: rows = kc.encode(torch.cat([k, v])); kr, vr = rows[:len(k)], rows[len(k):]
     else: kr, vr = kc.encode(k), vc.encode(v)
     store_rows(kv, li, kr, vr, slots)
@@ -85,14 +83,12 @@ def store_rows(kv, li:int, kr:Tensor, vr:Tensor, slots:Tensor):
 def _window_append(kv, step, li, idx, kr, vr):
     "Add the chunks of the step's sequences `idx` (rows already rotated) to layer `li`'s exact window."
     if kv.windows is None: return
-    w = kv.windows[li]
-    for i in idx: window_put(w, step.lanes[i], step.pos0[i], kr[step.span(i)], vr[step.span(i)])
+    for i in idx: window_put(kv.windows[li], step.lanes[i], step.pos0[i], kr[step.span(i)], vr[step.span(i)])
 
 # %% ../nbs/36_backends.ipynb #4228f0da
 def _held(kv, P:int) -> tuple[int, int]:
     "Rows of a P-token prefix: [0, s) in the window's sinks, [s, r) from the codes, [r, P) in the window's recent ring."
-    S, R = (kv.sinks, kv.recent) if kv.windows is not None else (0, 0)
-    s = min(S, P)
+    (S, R), s = _window_of(kv), min(_window_of(kv)[0], P)
     return s, (max(s, P - R) if R else P)
 
 def _window_of(kv) -> tuple[int, int]: return (kv.sinks, kv.recent) if kv.windows is not None else (0, 0)
@@ -283,7 +279,6 @@ class PagedPlan:
     # folded, with a window: int64 (lanes, positions) of the step's tokens, which `DecodePlan.run_folded` writes
     tokens: tuple = (None, None)
 
-
 # %% ../nbs/36_backends.ipynb #9623f1d3
 class PagedAttn:
     "Every decode row in one paged-decode call, every prefill chunk in one paged-prefill call."
@@ -383,11 +378,9 @@ def _triton_backend() -> PagedAttn:
     return PagedAttn("triton", decode, prefill, store, _triton_check, chunk_arg=True, defers_codes=False)
 
 def _one_format_per_layer(pool, backend:str):
-    "Refuse a pool with a layer whose KV heads have formats of their own (a per-head plan): named, with the way out."
-    for li, (k, v) in enumerate(pool.formats):
-        if isinstance(k, tuple) or isinstance(v, tuple):
-            raise ValueError(f"attention layer {li} has a format per KV head ({pool.layout.describe()}): the {backend} "
-                             "backend reads one format per layer's keys and values; use attn='cpu' or 'gather'")
+    "Refuse a pool with formats per KV head (a per-head plan), naming them and the way out."
+    if pool.per_head: raise ValueError(f"the {backend} backend reads one format per layer's keys and values, not the "
+                                       f"formats per KV head of {pool.layout.describe()}; use attn='cpu' or 'gather'")
 
 def _triton_check(pool):
     "Refuse a pool with a layer whose key or value format the kernels do not read, naming the layer and its formats."
@@ -406,26 +399,26 @@ def triton_kernels_read(pool:KVPool) -> bool:
     except ValueError: return False
     return True   # the store kernel codes rows as they come
 
-
 # %% ../nbs/36_backends.ipynb #05bdfb64
 def _cpu_backend() -> PagedAttn:
-    "The CPU kernels that read pages in place (`hqkv.attention_cpu`)."
-    # built with g++ on first use; a missing compiler is a named error
-    from hqkv.attention_cpu import DecodePlan, paged_decode_cpu, paged_prefill_cpu, cpu_formats
-    def check(pool):
-        for li in range(pool.geometry.attn_layers): cpu_formats(pool.k_codec(li)); cpu_formats(pool.v_codec(li))
-    return PagedAttn("cpu", paged_decode_cpu, paged_prefill_cpu, check=check, plan_decode=DecodePlan)
+    "The CPU kernels that read pages in place (`hqkv.attention_cpu`; built with g++ on first use, or a named error)."
+    from hqkv.attention_cpu import DecodePlan, paged_decode_cpu, paged_prefill_cpu
+    return PagedAttn("cpu", paged_decode_cpu, paged_prefill_cpu, check=_cpu_check, plan_decode=DecodePlan)
+
+def _cpu_check(pool):
+    "ValueError naming a key or value format (of a layer, or of one KV head) the CPU kernels do not read."
+    from hqkv.attention_cpu import cpu_formats
+    for li in range(pool.geometry.attn_layers): cpu_formats(pool.k_codec(li)); cpu_formats(pool.v_codec(li))
 
 ATTN_BACKENDS = ("gather", "ref", "triton", "cpu")   # see the table above
 
 def get_backend(name:str) -> AttnBackend:
     "The attention backend called `name` (engine.attn)."
     if name == "gather": return GatherAttn()
-    if name == "ref": return PagedAttn("ref", paged_decode, paged_prefill, check=lambda p: _one_format_per_layer(p, "ref"))
+    if name == "ref": return PagedAttn("ref", paged_decode, paged_prefill, check=lambda p: _one_format_per_layer(p, name))
     if name == "triton": return _triton_backend()
     if name == "cpu": return _cpu_backend()
     raise ValueError(f"unknown attention backend {name!r}; choose one of {', '.join(ATTN_BACKENDS)}")
-
 
 # %% ../nbs/36_backends.ipynb #cedeafac
 _CPU_WARNED = []   # the reason the CPU kernels cannot run here, once warned
@@ -433,9 +426,8 @@ _CPU_WARNED = []   # the reason the CPU kernels cannot run here, once warned
 def cpu_kernels_read(pool:KVPool) -> bool:
     "Whether the `cpu` backend can read every layer of `pool` on this machine."
     # formats the kernels read, and kernels that build (a C++ compiler)
-    from hqkv.attention_cpu import cpu_formats, lib
-    try:
-        for li in range(pool.geometry.attn_layers): cpu_formats(pool.k_codec(li)); cpu_formats(pool.v_codec(li))
+    from hqkv.attention_cpu import lib
+    try: _cpu_check(pool)
     except ValueError: return False                 # a format the kernels do not read (fp8-e4m3): gather reads it
     try: lib()
     except (RuntimeError, OSError) as e:

@@ -293,7 +293,7 @@ def coded_errors(q:Tensor, k:Tensor, v:Tensor, # [Hq, n, D] queries at positions
 
 # %% ../nbs/15_calibrate.ipynb #0432cc58
 def _window_proxy(acc:dict, qkv:dict, grads:dict, fmts, n:int, chunk:int, sinks:int, recent:int, profile, w:float,
-                  heads:dict|None=None): # also the same sum per KV head ('k5.1'), over its query heads only
+                  per_head:bool=False): # also the same sum per KV head ('k5.1'), over its query heads only
     "Add one window's proxy (weight w) of every (row, format) to acc: 0.5 / n x mean over draws of sum_t (g_t . e_t)^2."
     for l, (q, k, v, scale) in qkv.items():
         i = None if profile is None else list(profile.layers).index(l)
@@ -308,7 +308,7 @@ def _window_proxy(acc:dict, qkv:dict, grads:dict, fmts, n:int, chunk:int, sinks:
                 ge = [(g[qpos] * e).sum(-1).reshape(len(qpos), k.shape[0], -1).sum(-1) for g in grads[l]]   # [nq, Hkv]
                 add = lambda r, x: acc.__setitem__((r, f), acc.get((r, f), 0.0) + w * 0.5 * x / n)
                 add(_row(l, kv), sum(float((x.sum(1) ** 2).sum()) for x in ge) / len(ge))
-                for h in range(k.shape[0]) if heads is not None else ():
+                for h in range(k.shape[0]) if per_head else ():
                     add(f"{_row(l, kv)}.{h}", sum(float((x[:, h] ** 2).sum()) for x in ge) / len(ge))
 
 # %% ../nbs/15_calibrate.ipynb #d1840ea6
@@ -347,7 +347,7 @@ def proxy_sensitivity(model, # an `hqkv.quality.HFModel` (a transformers model)
         n = min(score_last, len(ids))
         if i == 0: base_kld = kld_eval(model, ids, nx, [v0], chunk, n, profile)[v0.name].summary()["kld"]
         qkv, grads = attention_grads(model.model, ids, layers, n, samples, seed + i)
-        _window_proxy(acc, qkv, grads, fmts, n, chunk, sinks, recent, profile, 1 / len(windows), {} if per_head else None)
+        _window_proxy(acc, qkv, grads, fmts, n, chunk, sinks, recent, profile, 1 / len(windows), per_head)
         _progress(log, i + 1, len(windows), time.perf_counter() - t0)
     # one constant for layers and heads: the layers' sums (a head's leaves out the cross terms between heads) to the KLD
     c = base_kld / max(sum(acc.get((_row(l, kv), base), 0.0) for l in layers for kv in "kv"), 1e-30)

@@ -44,10 +44,11 @@ def _linear_map(f, D:int, dev) -> Tensor|None:
     return None if torch.equal(m, eye) else m
 
 def _codec_map(c, f:str, D:int, dev) -> Tensor|None:
-    "A codec's `rotate` or `unrotate` (f) as a matrix: [D, D], [H, D, D] for a `HeadsCodec` (each head its own), or None."
+    "A codec's `rotate` or `unrotate` (f) as a matrix: [D, D], [H, D, D] for a `HeadsCodec` (a head's own), or None."
     if not isinstance(c, HeadsCodec): return _linear_map(getattr(c, f), D, dev)
     ms = [_linear_map(getattr(x, f), D, dev) for x in c.codecs]
-    return None if all(m is None for m in ms) else torch.stack([torch.eye(D, device=dev) if m is None else m for m in ms])
+    if all(m is None for m in ms): return None
+    return torch.stack([torch.eye(D, device=dev) if m is None else m for m in ms])
 
 # %% ../nbs/36a_layer_maps.ipynb #bde0220e
 def layer_maps(kv, # a `PagedKV`: its codecs and key profile (the maps are kept in `kv.maps`)

@@ -120,6 +120,8 @@ KVPool.page_bytes = property(lambda self: self.plan.page_bytes,
 KVPool.device = property(lambda self: next(iter(self.storage.values())).device, doc="where the pages live")
 KVPool.mixed = property(lambda self: len(self.storage) > 1,
                         doc="True when some layers' keys or values are in another format than kv_format")
+KVPool.per_head = property(lambda self: self.layout.per_head,
+                           doc="True when some layer's keys or values have a format per KV head (`HeadsCodec`)")
 
 @patch(as_prop=True)
 def kv(self:KVPool) -> Tensor:
@@ -155,7 +157,8 @@ def _layer(self:KVPool, layer) -> int:
 @patch
 def codec_for(self:KVPool, fmt:str|tuple) -> Codec|HeadsCodec:
     "The pool's codec of format `fmt` (built on first use, with its `codec_opts`; a tuple: a `HeadsCodec`)."
-    if fmt not in self.storage and fmt != self.kv_format and not any(fmt in f for f in self.storage if type(f) is tuple):
+    heads = {x for f in self.storage if isinstance(f, tuple) for x in f}     # formats of single KV heads
+    if fmt not in self.storage and fmt != self.kv_format and fmt not in heads:
         raise ValueError(f"format {fmt!r} is not stored in this pool ({', '.join(map(str, self.storage))})")
     if isinstance(fmt, tuple) and fmt not in self._codecs: self._codecs[fmt] = HeadsCodec(map(self.codec_for, fmt))
     if fmt not in self._codecs:

@@ -104,7 +104,8 @@ def attend(self:SeqKV, q:Tensor, # [C, Hq, D]: a chunk's queries (original domai
     if isinstance(self.k_codec, HeadsCodec) or isinstance(self.codec, HeadsCodec):   # no paged kernel reads these pages
         from hqkv.backends import gqa_attention
         kp, vp = self.decoded()
-        return gqa_attention(q.float(), torch.cat([kp, k.float()]), torch.cat([vp, v.float()]), self.n, scale).to(q.dtype)
+        K, V = torch.cat([kp, k.float()]), torch.cat([vp, v.float()])
+        return gqa_attention(q.float(), K, V, self.n, scale).to(q.dtype)
     return paged_prefill(q, k, v, i32([0, q.shape[0]]), self.k_pages, self.v_pages, i32([0, P]),
                          torch.arange(P, dtype=torch.int32, device=q.device), i32([self.n]), self._codecs,
                          scale=scale, window=self.window, window_slots=i32([0]))

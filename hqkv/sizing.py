@@ -12,12 +12,12 @@ from collections.abc import Mapping
 from fractions import Fraction
 from fastcore.basics import patch
 from .codec import codec_class, list_codecs
+from .layer_formats import LAYER_FORMATS_FORM, parse_layer_formats, layer_formats_str   # (importable from here too)
 
 # %% auto #0
-__all__ = ['WINDOW_BYTES_PER_VALUE', 'GEOMETRIES', 'LAYER_FORMATS_FORM', 'BUDGET_FORMS', 'fmt_bytes', 'Geometry',
-           'gdn_state_bytes', 'get_geometry', 'Rate', 'row_bytes', 'kv_formats', 'parse_layer_formats',
-           'layer_formats_str', 'CacheLayout', 'bytes_per_token', 'Budget', 'parse_budget', 'Plan', 'lane_pages',
-           'plan', 'lanes_bytes']
+__all__ = ['WINDOW_BYTES_PER_VALUE', 'GEOMETRIES', 'BUDGET_FORMS', 'fmt_bytes', 'Geometry', 'gdn_state_bytes', 'get_geometry',
+           'Rate', 'row_bytes', 'kv_formats', 'CacheLayout', 'bytes_per_token', 'Budget', 'parse_budget', 'Plan',
+           'lane_pages', 'plan', 'lanes_bytes']
 
 # %% ../nbs/00_sizing.ipynb #705df110
 def fmt_bytes(n:int,              # a byte count
@@ -200,70 +200,6 @@ def kv_formats(head_dim:int|None=None) -> list[str]:
     if head_dim is not None: names = [n for n in names if head_dim in codec_class(n).head_dims]
     return sorted(names, key=lambda n: (-codec_class(n).row_bytes_for(head_dim or 256), n))
 
-# %% ../nbs/00_sizing.ipynb #c923f60d
-LAYER_FORMATS_FORM = ("'LAYER=FORMAT[,LAYER=FORMAT...]' with model layer ids, e.g. '5=tbq3,11=tbq3' (one KV head of a "
-                      "layer: LAYER.HEAD, '5.1=tbq3'); where keys and values share one string, each item starts with k "
-                      "or v: 'k5=tbq3,v17=tbq2'")
-_ITEM = re.compile(r"\s*(L?)([kv]?)(L?)(\d+)(?:\.(\d+))?\s*([=:])\s*([A-Za-z0-9_.-]+)\s*")
-
-def _key(l):
-    "A layer as a setting gives it ('5', 5, '5.1', [5, 1]) -> 5 or (layer, head); anything else as it is (then refused)."
-    if isinstance(l, str) and re.fullmatch(r"\d+(\.\d+)?", l): return tuple(map(int, l.split("."))) if "." in l else int(l)
-    return tuple(l) if isinstance(l, list) else l
-
-def _label(layer) -> str: return f"{layer[0]}.{layer[1]}" if isinstance(layer, tuple) else f"{layer}"   # 5 or 5.1
-
-def _item(part:str, kv:bool) -> tuple:
-    "(k, v or '', layer, format) of one item; an earlier spelling or a missing (extra) k/v: ValueError with the fix."
-    m = _ITEM.fullmatch(part)
-    if not m: raise ValueError(f"cannot read per-layer format {part.strip()!r}: expected {LAYER_FORMATS_FORM}")
-    l1, side, l2, layer, head, sep, fmt = m.groups()
-    if head is not None: layer = f"{layer}.{head}"
-    if kv and not side: fix = f"'k{layer}={fmt}' (its keys) or 'v{layer}={fmt}' (its values)"
-    elif side and not kv: fix = f"'{layer}={fmt}' (keys and values have a setting each here)"
-    elif l1 or l2 or sep != "=": fix = f"'{side}{layer}={fmt}'"
-    else: return side, _key(layer), fmt
-    raise ValueError(f"per-layer format {part.strip()!r}: write {fix}; the form is {LAYER_FORMATS_FORM}")
-
-# %% ../nbs/00_sizing.ipynb #618a7972
-def parse_layer_formats(spec, # 'LAYER=FORMAT,...', {layer: format}, pairs, or None/'' for none
-                        kv:bool=False, # a string whose items start with k or v ('k5=tbq3,v17=tbq2')
-                        what:str="key", # the rows a plain list is for: 'key' or 'value' (messages name it)
-                       ) -> tuple: # sorted (layer, format) pairs; with `kv`, (key pairs, value pairs)
-    "The one reader of per-layer formats: each layer an int >= 0 given once, each format a registered one."
-    if spec is None or (isinstance(spec, (str, Mapping, tuple, list)) and not spec): items = []
-    elif isinstance(spec, str): items = [_item(p, kv) for p in spec.split(",")]
-    elif not kv and isinstance(spec, Mapping):     # a TOML table's keys are strings: '5' is layer 5
-        items = [("", _key(l), f) for l, f in spec.items()]
-    elif not kv and isinstance(spec, (tuple, list)) and all(isinstance(x, (tuple, list)) and len(x) == 2 for x in spec):
-        items = [("", _key(l), f) for l, f in spec]
-    else: raise TypeError(f"{'key and value' if kv else what} formats must be a string {LAYER_FORMATS_FORM}"
-                          + ("" if kv else ", a {layer: format} table or pairs") + f"; got {spec!r}")
-    out = {"k": {}, "v": {}}
-    for side, layer, fmt in items:
-        side = side or what[0]; name = f"{side if kv else ''}{_label(layer)}={fmt}"
-        if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
-                   for i in (layer if isinstance(layer, tuple) and len(layer) == 2 else (layer,))):
-            raise ValueError(f"per-layer format {name!r}: a layer is a model layer id, an int >= 0 "
-                             "(one KV head of it: (layer, head) or 'layer.head')")
-        if not isinstance(fmt, str) or fmt.startswith("_") or fmt not in list_codecs():
-            raise ValueError(f"per-layer format {name!r}: unknown format {fmt!r}; supported formats: "
-                             f"{', '.join(n for n in list_codecs() if not n.startswith('_'))}")
-        if layer in out[side]:
-            raise ValueError(f"layer {_label(layer)} is given two {'key' if side == 'k' else 'value'} formats "
-                             f"({out[side][layer]}, {fmt})")
-        out[side][layer] = fmt
-    order = lambda p: p[0] if isinstance(p[0], tuple) else (p[0], -1)   # a layer's own format before its heads'
-    k, v = (tuple(sorted(out[s].items(), key=order)) for s in "kv")
-    return (k, v) if kv else k if what[0] == "k" else v
-
-def layer_formats_str(key_formats, # (layer, format) pairs: of the keys, or of the one kind of rows a setting is for
-                      value_formats=None, # (layer, format) pairs of the values: keys and values in one string
-                     ) -> str:
-    "The one writer: '5=tbq3,11.1=tbq3' for one kind of rows, 'k5=tbq3,v17=tbq2' for both ('' for none)."
-    if value_formats is None: return ",".join(f"{_label(l)}={f}" for l, f in key_formats)
-    return ",".join([f"k{_label(l)}={f}" for l, f in key_formats] + [f"v{_label(l)}={f}" for l, f in value_formats])
-
 # %% ../nbs/00_sizing.ipynb #000121e7
 @dataclass(frozen=True)
 class CacheLayout:
@@ -317,14 +253,19 @@ class CacheLayout:
     def mixed(self) -> bool: return bool(self.key_formats or self.value_formats)
     @property
     def per_head(self) -> bool: return any(isinstance(f, tuple) for f in self.k_formats + self.v_formats)
-    def token_bytes(self, kv_heads:int) -> tuple:
-        "(key bytes, value bytes) of one token of each layer, all its KV heads."
-        tb = lambda f: (sum(row_bytes(x, self.head_dim) for x in f) if isinstance(f, tuple)
-                        else kv_heads * row_bytes(f, self.head_dim))
-        return tuple((tb(k), tb(v)) for k, v in zip(self.k_formats, self.v_formats))
-    def bytes_per_token(self, kv_heads:int) -> int: return sum(a + b for a, b in self.token_bytes(kv_heads))
     def describe(self) -> str: # the overrides as plan lines show them: 'k5=tbq3,v17=tbq2' ('' for one format)
         return layer_formats_str(self.key_formats, self.value_formats)
+
+# %% ../nbs/00_sizing.ipynb #9091c146
+@patch
+def token_bytes(self:CacheLayout, kv_heads:int) -> tuple:
+    "(key bytes, value bytes) of one token of each layer, all its KV heads."
+    rb = lambda f: row_bytes(f, self.head_dim)
+    tb = lambda f: sum(map(rb, f)) if isinstance(f, tuple) else kv_heads * rb(f)
+    return tuple((tb(k), tb(v)) for k, v in zip(self.k_formats, self.v_formats))
+
+@patch
+def bytes_per_token(self:CacheLayout, kv_heads:int) -> int: return sum(a + b for a, b in self.token_bytes(kv_heads))
 
 # %% ../nbs/00_sizing.ipynb #2e6668c1
 def bytes_per_token(geometry:Geometry, # a `Geometry` or a preset name

@@ -253,7 +253,7 @@ class HeadsCodec:
         self.formats = tuple(c.name for c in self.codecs)
         self.name = "heads(" + ",".join(self.formats) + ")"
         rb = [c.row_bytes for c in self.codecs]
-        self.offsets = tuple(sum(rb[:h]) for h in range(self.heads))    # head h's row: bytes [offsets[h], + its row bytes)
+        self.offsets = tuple(sum(rb[:h]) for h in range(self.heads))    # head h's row starts at byte offsets[h]
         self.token_bytes = self.row_bytes = sum(rb)
         self.rotated = any(c.rotated for c in self.codecs)
         self._groups = {}                                               # codec -> its heads
@@ -296,7 +296,7 @@ def encode_rotated(self:HeadsCodec, y:Tensor) -> Tensor:
 @patch
 def decode_rotated(self:HeadsCodec, rows:Tensor, validate:bool=False) -> Tensor:
     "uint8 [..., token_bytes] -> float32 [..., heads, head_dim], each head in its coded domain."
-    if not isinstance(rows, Tensor) or rows.dtype != torch.uint8 or rows.ndim == 0 or rows.shape[-1] != self.token_bytes:
+    if not (isinstance(rows, Tensor) and rows.dtype == torch.uint8 and rows.ndim and rows.shape[-1] == self.token_bytes):
         raise ValueError(f"{self.name}.decode: expected uint8 [..., token_bytes={self.token_bytes}], got "
                          f"{getattr(rows, 'dtype', type(rows).__name__)} {tuple(getattr(rows, 'shape', ()))}")
     out = torch.empty(*rows.shape[:-1], self.heads, self.head_dim, device=rows.device)
