@@ -397,11 +397,14 @@ def pool_state(source,
     "The pool now as plain data: `PoolSample.of(...).as_dict()`, plan line, format, bit plan and band colors."
     pool = _as_pool(source)
     lay = pool.layout
-    bits = lambda f: row_bytes(f, lay.head_dim) * 8 / lay.head_dim
+    # a layer with a format per KV head: its heads' formats joined by '/', their mean bits per value
+    bits = lambda f: sum(row_bytes(x, lay.head_dim) for x in (f if isinstance(f, tuple) else (f,))) * 8 / (
+        lay.head_dim * (len(f) if isinstance(f, tuple) else 1))
+    name = lambda f: "/".join(f) if isinstance(f, tuple) else f
     return PoolSample.of(pool, step, t, per_seq).as_dict() | {
         "plan": (source if callable(getattr(source, "plan_line", None)) else pool).plan_line(),
         "format": pool.kv_format, "bit_plan": getattr(source, "bit_plan", None) or "none",
-        "layers": [{"layer": l, "k": k, "v": v, "k_bits": bits(k), "v_bits": bits(v)} for l, k,
+        "layers": [{"layer": l, "k": name(k), "v": name(v), "k_bits": bits(k), "v_bits": bits(v)} for l, k,
                    v in zip(lay.layers, lay.k_formats, lay.v_formats)],
         "page_tokens": pool.page_tokens, "page_bytes": pool.page_bytes, "colors": dict(BAND_COLORS)}
 
