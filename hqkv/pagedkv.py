@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 from fastcore.basics import patch
 from .attention import ExactWindow
+from .codec import HeadsCodec
 from .pool import KVPool, Admission
 from .window import window_put, window_rows
 from .backends import StepPlan, get_backend, default_backend, page_rows_decoded, _page_rows
@@ -262,17 +263,24 @@ def _flush(self:PagedKV, spans:tuple):
     "Code waiting rows, `spans` of (lane, first, end, slots), every layer's, from the windows into their pages."
     # the window holds them in the codecs' domain: one encode_rotated per codec for every layer (a codec call per layer,
     # K/V and page cost more than the attention at short context: the fixed cost of a few dozen small torch ops)
-    jobs = {}                                   # codec -> [(layer, 0 K / 1 V, rows [m, kv_heads, D])]
+    # (a layer with a format per KV head: each head joins its format's call)
+    jobs = {}                                   # codec -> [((layer, 0 K / 1 V, head or None), rows [m, heads, D])]
     for li, w in enumerate(self.windows):
         got = [window_rows(w, lane, a, b) for lane, a, b, _ in spans]
         for kind, c in enumerate((self.k_codecs[li], self.v_codecs[li])):
-            jobs.setdefault(c, []).append((li, kind, torch.cat([g[kind] for g in got])))
+            x = torch.cat([g[kind] for g in got])
+            for h, ch in (enumerate(c.codecs) if isinstance(c, HeadsCodec) else [(None, c)]):
+                jobs.setdefault(ch, []).append(((li, kind, h), x if h is None else x[:, h:h + 1]))
     coded = {}
     for c, js in jobs.items():
-        rows = c.encode_rotated(torch.cat([x for *_, x in js]).float())
-        coded.update({(li, kind): r for (li, kind, _), r in zip(js, rows.split([len(x) for *_, x in js]))})
+        rows = c.encode_rotated(torch.cat([x.flatten(0, 1) for _, x in js]).float())
+        coded.update({k: r.view(*x.shape[:2], -1) for (k, x), r in zip(js, rows.split([x[..., 0].numel() for _, x in js]))})
+    def part(li, kind):   # a layer's K or V rows: as coded, or (`HeadsCodec`) its heads' rows side by side, a row a token
+        c = (self.k_codecs, self.v_codecs)[kind][li]
+        if not isinstance(c, HeadsCodec): return coded[li, kind, None]
+        return torch.cat([coded[li, kind, h].flatten(1) for h in range(c.heads)], 1)
     slots = torch.cat([s for *_, s in spans])
-    for li in range(len(self.windows)): self.backend.store_rows(self, li, coded[li, 0], coded[li, 1], slots)
+    for li in range(len(self.windows)): self.backend.store_rows(self, li, part(li, 0), part(li, 1), slots)
 
 # %% ../nbs/40a_pagedkv.ipynb #a7daa88c
 @patch
