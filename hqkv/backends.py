@@ -321,9 +321,8 @@ class PagedAttn:
     store_rows = staticmethod(store_rows)
     def store(self, kv, li, k, v, slots):
         if self._store is None: return encode_store(kv, li, k, v, slots)
-        kc, vc = kv.k_codecs[li], kv.v_codecs[li]
-        self._store(k.float().contiguous(), v.float().contiguous(), kv.pool.k(li), kv.pool.v(li), slots,
-                    kc if kc is vc else (kc, vc), check=False)
+        for hs, kp, vp, c, _ in kv.pool.layer_parts(li):
+            self._store(k[:, hs].float().contiguous(), v[:, hs].float().contiguous(), kp, vp, slots, c, check=False)
 
 # %% ../nbs/36_backends.ipynb #d7aa927c
 @patch
@@ -334,25 +333,30 @@ def attend(self:PagedAttn, kv, step, li, q, k, v, scale, softcap=None):
                          "use attn='gather'")
     p, w = step.attn, (kv.windows[li] if kv.windows is not None else None)
     if p.folded: return self._folded_decode(kv, step, li, q, k, v, scale)
-    kp, vp, kc, vc = kv.pool.k(li), kv.pool.v(li), kv.k_codecs[li], kv.v_codecs[li]
-    c = kc if kc is vc else (kc, vc)                 # keys in another format than values: a (key, value) pair
+    kc, vc = kv.k_codecs[li], kv.v_codecs[li]
     kr, vr = (kc.rotate(k.float()), vc.rotate(v.float())) if w is not None else (None, None)
-    o = torch.empty_like(q)
+    o, G = torch.empty_like(q), q.shape[1] // kv.pool.geometry.kv_heads
+    # the CPU kernels read a layer whose KV heads have formats of their own in one call; the others a call per head
+    parts = kv.pool.layer_parts(li, w, split=self._plan_decode is None)
+    qh = lambda hs: slice(None) if hs.start is None else slice(hs.start * G, hs.stop * G)   # those KV heads' query heads
     if p.dec:
         _window_append(kv, step, li, p.dec, kr, vr)  # the token is in its pages and window before it attends
         t, lanes = p.dec_table, (p.dec_lanes if w is not None else None)
-        if self._plan_decode is None:
-            o[p.dec_rows] = self._decode(q[p.dec_rows], kp, vp, t.indptr, t.indices, t.last_page_len, c, scale,
-                                         window=w, window_slots=lanes).to(o.dtype)
-        else:                                        # the table checked and split once per step, not once per layer
-            if p.dec_call is None:
-                p.dec_call = self._plan_decode(kp, vp, t.indptr, t.indices, t.last_page_len, c, w, lanes)
-            o[p.dec_rows] = p.dec_call.run(q[p.dec_rows], kp, vp, c, scale, window=w).to(o.dtype)
+        for hs, kp, vp, c, wh in parts:
+            if self._plan_decode is None:
+                o[p.dec_rows, qh(hs)] = self._decode(q[p.dec_rows][:, qh(hs)], kp, vp, t.indptr, t.indices,
+                                                     t.last_page_len, c, scale, window=wh, window_slots=lanes).to(o.dtype)
+            else:                                    # the table checked and split once per step, not once per layer
+                if p.dec_call is None:
+                    p.dec_call = self._plan_decode(kp, vp, t.indptr, t.indices, t.last_page_len, c, w, lanes)
+                o[p.dec_rows] = p.dec_call.run(q[p.dec_rows], kp, vp, c, scale, window=w).to(o.dtype)
     if p.pre:
         t, r = p.pre_table, p.pre_rows
         extra = dict(max_chunk=p.pre_max) if self._chunk_arg else {}
-        o[r] = self._prefill(q[r], k[r], v[r], p.pre_qo, kp, vp, t.indptr, t.indices, p.pre_prefix, c, scale,
-                             window=w, window_slots=p.pre_lanes if w is not None else None, **extra).to(o.dtype)
+        for hs, kp, vp, c, wh in parts:
+            o[r, qh(hs)] = self._prefill(q[r][:, qh(hs)], k[r][:, hs].contiguous(), v[r][:, hs].contiguous(), p.pre_qo, kp,
+                                         vp, t.indptr, t.indices, p.pre_prefix, c, scale, window=wh,
+                                         window_slots=p.pre_lanes if w is not None else None, **extra).to(o.dtype)
         _window_append(kv, step, li, p.pre, kr, vr)  # the window holds just the prefix while the chunk attends
     return o
 
@@ -377,18 +381,13 @@ def _triton_backend() -> PagedAttn:
     from hqkv.kernels.store import store
     return PagedAttn("triton", decode, prefill, store, _triton_check, chunk_arg=True, defers_codes=False)
 
-def _one_format_per_layer(pool, backend:str):
-    "Refuse a pool with formats per KV head (a per-head plan), naming them and the way out."
-    if pool.per_head: raise ValueError(f"the {backend} backend reads one format per layer's keys and values, not the "
-                                       f"formats per KV head of {pool.layout.describe()}; use attn='cpu' or 'gather'")
-
 def _triton_check(pool):
     "Refuse a pool with a layer whose key or value format the kernels do not read, naming the layer and its formats."
     from hqkv.kernels import kernel_formats
-    _one_format_per_layer(pool, "triton")
     for li in range(pool.geometry.attn_layers):
         kc, vc = pool.k_codec(li), pool.v_codec(li)
-        try: kernel_formats((kc, vc))
+        try:
+            for pair in pool.head_codecs(li): kernel_formats(pair)   # (a layer with a format per KV head: a call each)
         except ValueError as e:
             raise ValueError(f"attention layer {li} (keys {kc.name}, values {vc.name}, head_dim {kc.head_dim}): {e}") \
                 from None
@@ -415,7 +414,7 @@ ATTN_BACKENDS = ("gather", "ref", "triton", "cpu")   # see the table above
 def get_backend(name:str) -> AttnBackend:
     "The attention backend called `name` (engine.attn)."
     if name == "gather": return GatherAttn()
-    if name == "ref": return PagedAttn("ref", paged_decode, paged_prefill, check=lambda p: _one_format_per_layer(p, name))
+    if name == "ref": return PagedAttn("ref", paged_decode, paged_prefill)
     if name == "triton": return _triton_backend()
     if name == "cpu": return _cpu_backend()
     raise ValueError(f"unknown attention backend {name!r}; choose one of {', '.join(ATTN_BACKENDS)}")

@@ -118,8 +118,8 @@ def _build(self:Engine, cfg:EngineConfig):
     softcap = getattr(text_config(lm.model.config), "attn_logit_softcapping", None) is not None
     attn = cfg.attn or default_backend(pool, softcap=softcap)
     if bp is not None and pool.device.type == "cuda" and cfg.attn is None and not softcap and attn == "gather":
-        _log.warning(f"kv.bit_plan: the key profile's plan ({bp.tag}) holds a format (or formats per KV head) the Triton "
-                     "kernels do not read; attention runs on the gather path (kv.bit_plan=off keeps the kernels)")
+        _log.warning(f"kv.bit_plan: the key profile's plan ({bp.tag}) holds a format the Triton kernels do not "
+                     "read; attention runs on the gather path (kv.bit_plan=off keeps the kernels)")
     paged = PagedKV(pool, window_sinks=cfg.window_sinks, window_recent=cfg.window_recent, attn=attn,
                     lanes=cfg.max_batch, key_profile=prof)
     # a model the backend cannot run (soft-capping on ref/triton, a profile with soft-capping): ValueError

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 from .allocator import PoolFull, Admission, PageAllocator
 from .codec import codec_class, get_codec, list_codecs, Codec, HeadsCodec
+from .attention import ExactWindow
 from .sizing import CacheLayout, Geometry, Plan, get_geometry, plan, row_bytes
 
 # %% auto #0
@@ -187,6 +188,31 @@ def k_codec(self:KVPool, layer:int) -> Codec:
 def v_codec(self:KVPool, layer:int) -> Codec:
     "The codec of attention layer `layer`'s values."
     return self.codec_for(self.formats[self._layer(layer)][1])
+
+# %% ../nbs/20_pool.ipynb #ef9f2dab
+@patch
+def head_codecs(self:KVPool, layer:int) -> list:
+    "Each KV head's (key codec, value codec) of attention layer `layer` (a format per KV head gives each its own)."
+    one = lambda c, h: c.codecs[h] if isinstance(c, HeadsCodec) else c
+    return [(one(self.k_codec(layer), h), one(self.v_codec(layer), h)) for h in range(self.geometry.kv_heads)]
+
+@patch
+def layer_parts(self:KVPool, layer:int,
+                window:ExactWindow|None=None, # that layer's exact window (views of it go with each part)
+                split:bool=True, # False: the whole layer as one part (a reader of formats per KV head: the CPU kernels)
+               ) -> list: # [(KV heads slice, k pages, v pages, codec or (key, value) pair, window)], views
+    "Layer `layer` as calls that read one format each: the whole layer, or one per KV head when its heads differ."
+    kp, vp, kc, vc = self.k(layer), self.v(layer), self.k_codec(layer), self.v_codec(layer)
+    if not split or not (isinstance(kc, HeadsCodec) or isinstance(vc, HeadsCodec)):
+        return [(slice(None), kp, vp, kc if kc is vc else (kc, vc), window)]
+    def pages(p, c, h):                                 # head h's rows: a [pages, page_tokens, 1, row_bytes] view
+        if not isinstance(c, HeadsCodec): return p[:, :, h:h + 1]
+        return p[..., c.offsets[h]:c.offsets[h] + c.codecs[h].row_bytes].unsqueeze(2)
+    w = window
+    one = lambda h: None if w is None else ExactWindow(w.k_sink[:, :, h:h + 1], w.v_sink[:, :, h:h + 1],
+                                                       w.k_recent[:, :, h:h + 1], w.v_recent[:, :, h:h + 1], w.lens)
+    return [(slice(h, h + 1), pages(kp, kc, h), pages(vp, vc, h), ck if ck is cv else (ck, cv), one(h))
+            for h, (ck, cv) in enumerate(self.head_codecs(layer))]
 
 # %% ../nbs/20_pool.ipynb #1581022a
 @patch
