@@ -274,7 +274,8 @@ def _flush(self:PagedKV, spans:tuple):
     coded = {}
     for c, js in jobs.items():
         rows = c.encode_rotated(torch.cat([x.flatten(0, 1) for _, x in js]).float())
-        coded.update({k: r.view(*x.shape[:2], -1) for (k, x), r in zip(js, rows.split([x[..., 0].numel() for _, x in js]))})
+        parts = rows.split([x[..., 0].numel() for _, x in js])            # each job's rows, back to [m, heads, bytes]
+        coded.update({k: r.view(*x.shape[:2], -1) for (k, x), r in zip(js, parts)})
     def part(li, kind):   # a layer's K or V rows: as coded, or (`HeadsCodec`) its heads' rows side by side, a row a token
         c = (self.k_codecs, self.v_codecs)[kind][li]
         if not isinstance(c, HeadsCodec): return coded[li, kind, None]

@@ -158,6 +158,7 @@ def _layer(self:KVPool, layer) -> int:
 @patch
 def codec_for(self:KVPool, fmt:str|tuple) -> Codec|HeadsCodec:
     "The pool's codec of format `fmt` (built on first use, with its `codec_opts`; a tuple: a `HeadsCodec`)."
+    if fmt in self._codecs: return self._codecs[fmt]                        # every layer of every step asks
     heads = {x for f in self.storage if isinstance(f, tuple) for x in f}     # formats of single KV heads
     if fmt not in self.storage and fmt != self.kv_format and fmt not in heads:
         raise ValueError(f"format {fmt!r} is not stored in this pool ({', '.join(map(str, self.storage))})")

@@ -254,7 +254,7 @@ class HeadsCodec:
         self.name = "heads(" + ",".join(self.formats) + ")"
         rb = [c.row_bytes for c in self.codecs]
         self.offsets = tuple(sum(rb[:h]) for h in range(self.heads))    # head h's row starts at byte offsets[h]
-        self.token_bytes = self.row_bytes = sum(rb)
+        self.token_bytes = sum(rb)                                      # (no `row_bytes`: a row here is a whole token)
         self.rotated = any(c.rotated for c in self.codecs)
         self._groups = {}                                               # codec -> its heads
         for h, c in enumerate(self.codecs): self._groups.setdefault(c, []).append(h)
