@@ -11,9 +11,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 from fastcore.basics import patch
-from .codec import Codec
+from .codec import Codec, HeadsCodec
 from .native import build, cpu_model
-from .codec import HeadsCodec
 from .attention import ExactWindow, _pair, _check_pages, _check_q, _check_table, _check_int, _check_window
 
 # %% auto #0
@@ -152,8 +151,6 @@ def _heads_format(codec:Codec|HeadsCodec, H:int) -> tuple:
 def cpu_formats(codec:Codec|HeadsCodec) -> list:
     "`cpu_format` of each KV head's format (one for a `Codec`); ValueError naming a format the kernels do not read."
     return [cpu_format(c) for c in (codec.codecs if isinstance(codec, HeadsCodec) else (codec,))]
-
-
 
 # %% ../nbs/34_attention.cpu.ipynb #65ef1c95
 def e8_int8_table() -> Tensor:
