@@ -10,6 +10,7 @@ LAYERS = [  # lowest first; a module may import any module of a lower layer
     ["rotation", "precision", "testing", "sampling"],   # nothing of hqkv
     ["models.identity"],                # a model's name, identity and files (nothing of hqkv either)
     ["codec", "native"],                # the row formats (codec.* is one package); building the C++ kernels
+    ["layer_formats"],                  # the one grammar of per-layer and per-KV-head formats
     ["sizing", "fixtures"],             # bytes per token, geometries; shipped texts and data
     ["texts"],                          # the evaluation texts (whole or shipped excerpts) and their windows
     ["bitplan"],                        # the per-row plan type and its search (pure)
