@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 from fastcore.basics import patch
-from .codec import Codec, HeadsCodec
+from .codec import Codec, HeadsCodec, head_codecs
 from .native import build, cpu_model
 from .attention import ExactWindow, _pair, _check_pages, _check_q, _check_table, _check_int, _check_window
 
@@ -141,7 +141,7 @@ def _heads_format(codec:Codec|HeadsCodec, H:int) -> tuple:
     "One side of a layer as the kernel reads it: (its heads' `_Fmt`s, their byte offsets in a token, bytes a token)."
     key = (id(codec), H)                                            # every layer of every step asks: one lookup
     if key not in _SIDES:
-        cs = codec.codecs if isinstance(codec, HeadsCodec) else (codec,) * H
+        cs = head_codecs(codec, H)
         fs = (_Fmt * H)(*(cpu_format(c)[0] for c in cs))           # copies: the tables stay alive in _FMTS
         offs = torch.tensor([sum(c.row_bytes for c in cs[:h]) for h in range(H)], dtype=torch.int64)
         _SIDES[key] = (ctypes.cast(fs, ctypes.POINTER(_Fmt)), offs.data_ptr(), sum(c.row_bytes for c in cs), fs, offs,
@@ -165,10 +165,6 @@ def integer_keys(codec) -> bool:
     lib()                                                              # the instruction set is chosen when it loads
     D = kc.head_dim
     return kc.name == "hq-e8-2b" and D % 64 == 0 and (_ISA == "avx512" or _ISA in ("avx2-int8", "avx-vnni") and D >= 128)
-
-def _key_heads(kc, H:int) -> list: # [(codec, slice of KV heads)]: one run of heads per codec
-    if not isinstance(kc, HeadsCodec): return [(kc, slice(0, H))]
-    return [(c, slice(h, h + 1)) for h, c in enumerate(kc.codecs)]
 
 def int8_query(qr:Tensor) -> Tensor: # qr as the kernels read it
     "`qr` [..., D] (rotated, scaled) rounded as the integer kernels round it: int8, one scale per row (max |q| / 127)."
@@ -414,8 +410,8 @@ def paged_prefill_cpu(q:Tensor,
     threads = torch.get_num_threads() if threads is None else threads
     chunk, items = _split(pl, P, threads, chunk)
     qr = kc.rotate(q.float()) * scale
-    for c, hs in _key_heads(kc, H):                           # the chunk's own part sees the query the kernels see
-        if integer_keys(c): i = slice(hs.start * G, hs.stop * G); qr[:, i] = int8_query(qr[:, i])
+    for h, c in enumerate(head_codecs(kc, H)):                # the chunk's own part sees the query the kernels see
+        if integer_keys(c): qr[:, h * G:(h + 1) * G] = int8_query(qr[:, h * G:(h + 1) * G])
     kr, vr = kc.rotate(k_new.float()), vc.rotate(v_new.float())
     Gp = _padded_group(max(qo[b + 1] - qo[b] for b in range(B)) * G)
     Q = qr.new_zeros(B, H, Gp, D)

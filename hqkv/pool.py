@@ -12,7 +12,7 @@ from typing import Hashable
 import torch
 from torch import Tensor
 from .allocator import PoolFull, Admission, PageAllocator
-from .codec import codec_class, get_codec, list_codecs, Codec, HeadsCodec
+from .codec import codec_class, get_codec, list_codecs, Codec, HeadsCodec, head_codecs
 from .attention import ExactWindow
 from .sizing import CacheLayout, Geometry, Plan, get_geometry, plan, row_bytes
 
@@ -194,8 +194,8 @@ def v_codec(self:KVPool, layer:int) -> Codec:
 @patch
 def head_codecs(self:KVPool, layer:int) -> list:
     "Each KV head's (key codec, value codec) of attention layer `layer` (a format per KV head gives each its own)."
-    one = lambda c, h: c.codecs[h] if isinstance(c, HeadsCodec) else c
-    return [(one(self.k_codec(layer), h), one(self.v_codec(layer), h)) for h in range(self.geometry.kv_heads)]
+    H = self.geometry.kv_heads
+    return list(zip(head_codecs(self.k_codec(layer), H), head_codecs(self.v_codec(layer), H)))
 
 @patch
 def layer_parts(self:KVPool, layer:int,

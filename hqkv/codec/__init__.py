@@ -13,7 +13,7 @@ from torch import Tensor
 
 # %% auto #0
 __all__ = ['HEAD_DIMS', 'describe_dims', 'Codec', 'register_codec', 'list_codecs', 'codec_class', 'asked_codec_opts', 'get_codec',
-           'check_codec', 'HeadsCodec']
+           'check_codec', 'HeadsCodec', 'head_codecs']
 
 # %% ../../nbs/10_codec.base.ipynb #9556850e
 HEAD_DIMS = tuple(range(64, 513, 16))   # every multiple of 16 from 64 to 512: the head sizes the built-in formats read
@@ -256,7 +256,7 @@ class HeadsCodec:
         self.offsets = tuple(sum(rb[:h]) for h in range(self.heads))    # head h's row starts at byte offsets[h]
         self.token_bytes = sum(rb)                                      # (no `row_bytes`: a row here is a whole token)
         self.rotated = any(c.rotated for c in self.codecs)
-        self._groups = {}                                               # codec -> its heads
+        self._groups, self._index = {}, {}                              # codec -> its heads; (G, device) -> rows
         for h, c in enumerate(self.codecs): self._groups.setdefault(c, []).append(h)
     def __repr__(self): return f"HeadsCodec({self.name}, head_dim={self.head_dim}, token_bytes={self.token_bytes})"
     def _heads(self, x:Tensor, what:str) -> int: # G: x's heads per KV head
@@ -266,9 +266,10 @@ class HeadsCodec:
         return x.shape[-2] // self.heads
     def _per_head(self, x:Tensor, f, what:str) -> Tensor: # f(codec, x's rows of its heads) -> the same shape, float
         G = self._heads(x, what); out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
-        for c, hs in self._groups.items():
-            i = torch.tensor([h * G + g for h in hs for g in range(G)], device=x.device)
-            out[..., i, :] = f(c, x[..., i, :])
+        if (G, x.device) not in self._index:                            # every layer of a step rotates: made once
+            self._index[G, x.device] = [torch.tensor([h * G + g for h in hs for g in range(G)], device=x.device)
+                                        for hs in self._groups.values()]
+        for c, i in zip(self._groups, self._index[G, x.device]): out[..., i, :] = f(c, x[..., i, :])
         return out
     def rotate(self, x:Tensor) -> Tensor: return self._per_head(x, lambda c, y: c.rotate(y), "rotate")
     def unrotate(self, x:Tensor) -> Tensor: return self._per_head(x, lambda c, y: c.unrotate(y), "unrotate")
@@ -282,6 +283,10 @@ def _code(self:HeadsCodec, x:Tensor, rotated:bool) -> Tensor:
         rows = (c.encode_rotated if rotated else c.encode)(x[..., hs, :])
         for j, h in enumerate(hs): out[..., self.offsets[h]:self.offsets[h] + c.row_bytes] = rows[..., j, :]
     return out
+
+def head_codecs(codec, H:int) -> tuple:
+    "Each of a layer's H KV heads' codec: a `HeadsCodec`'s own, else `codec` for every head."
+    return codec.codecs if isinstance(codec, HeadsCodec) else (codec,) * H
 
 @patch
 def encode(self:HeadsCodec, x:Tensor) -> Tensor:
