@@ -16,8 +16,9 @@ from .keyprofile import MODES, KeyProfile
 from .codec import get_codec, asked_codec_opts
 
 # %% auto #0
-__all__ = ['CAPTURE_ATTN', 'PROXY_ATTN', 'METHODS', 'profile_stats', 'calibrate_hf', 'row_sensitivity', 'attention_grads',
-           'coded_reads', 'row_codes', 'coded_errors', 'proxy_sensitivity', 'calibrate_plan', 'calibrate_report']
+__all__ = ['CAPTURE_ATTN', 'PROXY_ATTN', 'METHODS', 'profile_stats', 'key_rotation', 'calibrate_hf', 'row_sensitivity',
+           'attention_grads', 'coded_reads', 'row_codes', 'coded_errors', 'proxy_sensitivity', 'calibrate_plan',
+           'calibrate_report']
 
 # %% ../nbs/15_calibrate.ipynb #3b0febf2
 def profile_stats(k:Tensor, # float [L, T, kv_heads, D]: keys of each attention layer at T positions
@@ -74,15 +75,40 @@ def profile_stats(k:Tensor, # float [L, T, kv_heads, D]: keys of each attention 
     sigma = torch.where(m > 0, s.clamp(min=floor * m, max=m / floor), torch.ones_like(s))
     return mu, sigma
 
+# %% ../nbs/15_calibrate.ipynb #d62cdbf1
+def key_rotation(k:Tensor, # float [L, T, kv_heads, D]: keys (the positions to measure, <bos> left out)
+                 qq:Tensor, # float [L, Hq, D, D]: E[q^T q] of each query head (Hq a multiple of kv_heads)
+                 clip:float=0.999, # each channel's |k - median| is clipped at this quantile first (as `profile_stats`)
+                ) -> Tensor: # float32 [L, kv_heads, D, D], orthogonal: the axes (columns) sigma is measured along
+    "Per (layer, KV head), the axes along which a per-axis scale is as good as any linear map of the keys."
+    L, T, H, D = k.shape
+    if qq.ndim != 4 or qq.shape[0] != L or qq.shape[2:] != (D, D) or qq.shape[1] % H:
+        raise ValueError(f"qq must be [{L}, a multiple of {H}, {D}, {D}], got {tuple(qq.shape)}")
+    x = k.to(torch.float64)
+    med = x.median(1, keepdim=True).values
+    lim = (x - med).abs().kthvalue(max(1, math.floor(clip * T)), dim=1, keepdim=True).values
+    x = torch.maximum(torch.minimum(x, med + lim), med - lim)
+    x = x - x.mean(1, keepdim=True)
+    eye = torch.eye(D, dtype=torch.float64)
+    sk = torch.einsum("lthd,lthe->lhde", x, x) / T
+    sk = sk + 1e-9 * sk.diagonal(0, -2, -1).mean(-1)[..., None, None] * eye + 1e-300 * eye   # no zero variance
+    sq = qq.to(torch.float64).reshape(L, H, -1, D, D).mean(2)
+    def power(s, p):                                                       # symmetric PSD s ** p
+        w, v = torch.linalg.eigh(s)
+        return (v * w.clamp_min(w.amax(-1, keepdim=True) * 1e-12)[..., None, :] ** p) @ v.transpose(-1, -2)
+    h, hi = power(sk, 0.5), power(sk, -0.5)
+    P = hi @ power(h @ sq @ h, 0.5) @ hi
+    return torch.linalg.eigh((P + P.transpose(-1, -2)) / 2).eigenvectors.to(torch.float32)
+
 # %% ../nbs/15_calibrate.ipynb #d8927bd9
 CAPTURE_ATTN = "hqkv_capture"   # the attention implementation `calibrate_hf` runs the model with
 
 class _KeyRecorder:
-    "Post-RoPE keys (all positions) and the sum of squared queries (positions >= skip) of chosen layers."
+    "Post-RoPE keys (all positions) and the sum of q q^T of each query head (positions >= skip) of chosen layers."
     def __init__(self, layers:tuple, n:int, kv_heads:int, q_heads:int, head_dim:int, skip:int):
         self.slot, self.skip, self.pos = {l: i for i, l in enumerate(layers)}, skip, 0
         self.k = torch.empty(len(layers), n, kv_heads, head_dim)
-        self.q_sq = torch.zeros(len(layers), q_heads, head_dim, dtype=torch.float64)
+        self.qq = torch.zeros(len(layers), q_heads, head_dim, head_dim, dtype=torch.float64)
     # [1, Hq, T, D], [1, Hkv, S, D] (the cache's keys: the chunk's are the last T)
     def record(self, layer:int, q:Tensor, k:Tensor):
         i = self.slot.get(layer)
@@ -90,7 +116,8 @@ class _KeyRecorder:
         T = q.shape[2]
         self.k[i, self.pos:self.pos + T] = k[0, :, -T:].transpose(0, 1).to(torch.float32).cpu()
         first = max(0, self.skip - self.pos)
-        self.q_sq[i] += q[0, :, first:].to(torch.float64).pow(2).sum(1).cpu()
+        x = q[0, :, first:].to(torch.float64).cpu()
+        self.qq[i] += x.transpose(1, 2) @ x
 
 # the run's recorder rides with the forward as a keyword: transformers hands a forward's extra keywords to the
 # attention function of every layer (`attention_interface(self, q, k, v, mask, **kwargs)`)
@@ -128,6 +155,7 @@ def calibrate_hf(model, # a transformers causal LM (`LoadedLM.model`, or one you
                  mode:str="qk", skip:int=1, clip:float=0.999, floor:float=0.05, # as `profile_stats`
                  chunk:int=1024, # tokens per forward
                  progress:bool|None=None, # report on stderr (None: when the run takes more than 4 chunks)
+                 rotate:bool=False, # also a rotation per (layer, KV head) (`key_rotation`), sigma along its axes
                 ) -> KeyProfile:
     "Measure a key profile for every full-attention layer of a transformers model, chunk by chunk."
     from transformers import DynamicCache
@@ -155,9 +183,16 @@ def calibrate_hf(model, # a transformers causal LM (`LoadedLM.model`, or one you
                 if show:
                     print(f"calibrate {identity.name}: {rec.pos:,}/{N:,} tokens, {time.perf_counter() - t0:.0f} s",
                           file=sys.stderr, flush=True)
-    q_ms = (rec.q_sq / (N - skip)).to(torch.float32)
-    mu, sigma = profile_stats(rec.k, None, mode, skip, clip, floor, q_ms=q_ms)
-    return KeyProfile(mu, sigma, identity, g.attn_ids, source, int(N), mode)
+    qq = rec.qq / (N - skip)                                              # [L, Hq, D, D]
+    if not rotate:
+        mu, sigma = profile_stats(rec.k, None, mode, skip, clip, floor, q_ms=qq.diagonal(0, -2, -1).float())
+        return KeyProfile(mu, sigma, identity, g.attn_ids, source, int(N), mode)
+    rot = key_rotation(rec.k[:, skip:], qq, clip)
+    rq = rot.double().repeat_interleave(qq.shape[1] // rot.shape[1], 1)  # each query head's KV head's rotation
+    q_ms = (rq * (qq @ rq)).sum(-2).float()                               # diag(R^T E[q q^T] R): along R's axes
+    mu_r, sigma = profile_stats(torch.einsum("lthd,lhde->lthe", rec.k, rot), None, mode, skip, clip, floor, q_ms=q_ms)
+    mu = torch.einsum("lhe,lhde->lhd", mu_r, rot)                          # back to the channels: mu_r R^T
+    return KeyProfile(mu, sigma, identity, g.attn_ids, source, int(N), mode, version=2, rot=rot)
 
 # %% ../nbs/15_calibrate.ipynb #746af430
 def row_sensitivity(model, # an `hqkv.quality.HFModel`
@@ -264,12 +299,13 @@ def _roundtrip(fmt:str, x:Tensor) -> Tensor:
 def row_codes(k:Tensor, v:Tensor, # [Hkv, N, D]
               fmts, # formats to code the rows in
               mu:Tensor|None=None, sigma:Tensor|None=None, # [Hkv, D]: the key profile (keys coded as (k - mu) / sigma)
+              rot:Tensor|None=None, # [Hkv, D, D]: its rotation, if any (keys coded as (k - mu) rot / sigma)
              ) -> dict: # {("k" | "v", format): the rows as a reader decodes them}
     "Every key and value row through each format's codec and back (keys in the profile's domain)."
-    out = {}
+    out, R = {}, (lambda x, t=False: x if rot is None else x @ (rot.transpose(1, 2) if t else rot))
     for f in fmts:
-        kk = k if mu is None else (k - mu[:, None]) / sigma[:, None]
-        out["k", f] = _roundtrip(f, kk) if mu is None else _roundtrip(f, kk) * sigma[:, None] + mu[:, None]
+        kk = k if mu is None else R(k - mu[:, None]) / sigma[:, None]
+        out["k", f] = _roundtrip(f, kk) if mu is None else R(_roundtrip(f, kk) * sigma[:, None], True) + mu[:, None]
         out["v", f] = _roundtrip(f, v)
     return out
 
@@ -297,7 +333,8 @@ def _window_proxy(acc:dict, qkv:dict, grads:dict, fmts, n:int, chunk:int, sinks:
     "Add one window's proxy (weight w) of every (row, format) to acc: 0.5 / n x mean over draws of sum_t (g_t . e_t)^2."
     for l, (q, k, v, scale) in qkv.items():
         i = None if profile is None else list(profile.layers).index(l)
-        prof = (None, None) if i is None else (profile.mu[i].float(), profile.sigma[i].float())
+        prof = () if i is None else (profile.mu[i].float(), profile.sigma[i].float(),
+                                     None if profile.rot is None else profile.rot[i].float())
         codes = row_codes(k, v, fmts, *prof)
         N = k.shape[1]
         for a in range(N - n, N, 1024):                               # the scored queries, [heads, 1024, N] at a time

@@ -230,6 +230,9 @@ def _calibrate_setup(p:argparse.ArgumentParser):
     p.add_argument("--tokens", type=int, default=None, help="use the first N tokens of the text (default: all of it)")
     p.add_argument("--mode", default="qk", choices=MODES,
                    help="how sigma is chosen: qk (score-optimal, default) or std")
+    p.add_argument("--rotate", action="store_true",
+                   help="also a rotation per (layer, KV head) ahead of sigma (hqkv.calibrate.key_rotation): keys with "
+                        "correlated channels code with less error")
     p.add_argument("--chunk", type=int, default=1024, help="tokens per forward of the capture run (default: 1024)")
     g = p.add_argument_group("bit plan",
                              "per-(layer, K/V) formats under a budget, measured on the same text and stored in the "
@@ -279,7 +282,7 @@ def _calibrate_profile(args, model_path:str, text:str, tf:Path):
         ids = _first_tokens(bos + lm.tokenizer.encode(text, add_special_tokens=False), args.tokens, lm.max_position,
                             str(tf))
         prof = calibrate_hf(lm.model, ids, lm.identity, source=tf.name, mode=args.mode, skip=len(bos), chunk=args.chunk,
-                            progress=None)
+                            progress=None, rotate=args.rotate)
     return HFModel(lm), prof
 
 def _plan_notice(model, args, n_cands:int, n_wins:int):

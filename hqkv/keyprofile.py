@@ -18,13 +18,14 @@ from .models.identity import DEFAULT_MODEL, ModelIdentity, cache_dir
 
 
 # %% auto #0
-__all__ = ['PROFILE_FORMAT', 'PROFILE_VERSION', 'MODES', 'PROFILE_FILES', 'CALIB_TEXT', 'KeyProfile', 'default_profile',
-           'profile_path', 'find_profile', 'warn_no_profile', 'resolve_key_profile', 'describe_key_profile',
-           'CacheSetup', 'cache_setup']
+__all__ = ['PROFILE_FORMAT', 'PROFILE_VERSION', 'READ_VERSIONS', 'MODES', 'PROFILE_FILES', 'CALIB_TEXT', 'KeyProfile',
+           'default_profile', 'profile_path', 'find_profile', 'warn_no_profile', 'resolve_key_profile',
+           'describe_key_profile', 'CacheSetup', 'cache_setup']
 
 # %% ../nbs/14b_keyprofile.ipynb #95eab168
 PROFILE_FORMAT = "hqkv.key_profile"   # the file's format tag
-PROFILE_VERSION = 1                   # bumped when the meaning of mu/sigma changes
+PROFILE_VERSION = 2                   # bumped when the meaning of mu/sigma changes (2: an optional rotation)
+READ_VERSIONS = (1, 2)                # the file versions this hqkv reads (1: no rotation)
 MODES = ("qk", "std")                 # how sigma is chosen (see `profile_stats`)
 
 def _check_slot(slot, n):
@@ -53,9 +54,21 @@ def _check_profile(p):
     if p.mode not in MODES: raise ValueError(f"KeyProfile.mode must be one of {MODES}, got {p.mode!r}")
     if isinstance(p.n_tokens, bool) or not isinstance(p.n_tokens, int) or p.n_tokens < 0:
         raise ValueError(f"KeyProfile.n_tokens must be an int >= 0, got {p.n_tokens!r}")
-    if p.version != PROFILE_VERSION:
-        raise ValueError(f"KeyProfile version {p.version!r} is not supported (this hqkv reads version "
-                         f"{PROFILE_VERSION})")
+    if p.version not in READ_VERSIONS:
+        raise ValueError(f"KeyProfile version {p.version!r} is not supported (this hqkv reads versions "
+                         f"{READ_VERSIONS})")
+    if p.rot is not None: _check_rot(p)
+
+def _check_rot(p):
+    "The rotation: float [n_attn_layers, kv_heads, head_dim, head_dim], orthogonal, in a version-2 profile."
+    r, (L, H, D) = p.rot, p.mu.shape
+    if not isinstance(r, Tensor) or not r.is_floating_point() or tuple(r.shape) != (L, H, D, D):
+        raise TypeError(f"KeyProfile.rot must be a float tensor [{L}, {H}, {D}, {D}] or None, got "
+                        f"{getattr(r, 'dtype', type(r).__name__)} {tuple(getattr(r, 'shape', ()))}")
+    p.rot = r.detach().to(torch.float32).contiguous()
+    err = float((p.rot.transpose(-1, -2) @ p.rot - torch.eye(D)).abs().amax())
+    if not err < 1e-4: raise ValueError(f"KeyProfile.rot must be orthogonal (|R^T R - I| = {err:.2g})")
+    if p.version < 2: raise ValueError(f"KeyProfile version {p.version} has no rotation (version 2 does)")
     if (not isinstance(p.plans, dict)
             or not all(isinstance(k, str) and isinstance(v, dict) for k, v in p.plans.items())):
         raise TypeError(f"KeyProfile.plans must map a base format to a plan dict, got {p.plans!r}")
@@ -63,8 +76,8 @@ def _check_profile(p):
 # %% ../nbs/14b_keyprofile.ipynb #e3cec8f3
 @dataclass(slots=True)
 class KeyProfile:
-    "Per (attention layer, KV head, channel) key mean `mu` and scale `sigma`."
-    # keys are coded as (k - mu) / sigma, queries multiplied by sigma
+    "Per (attention layer, KV head, channel) key mean `mu` and scale `sigma`, and optionally a rotation `rot`."
+    # keys are coded as (k - mu) @ rot / sigma, queries as q @ rot * sigma (rot None: the identity)
     mu: Tensor                  # float32 [n_attn_layers, kv_heads, head_dim]
     sigma: Tensor               # float32 [n_attn_layers, kv_heads, head_dim], finite and > 0
     model: ModelIdentity        # the model it was measured on
@@ -76,6 +89,7 @@ class KeyProfile:
     version: int = PROFILE_VERSION
     # base format -> a `hqkv.bitplan.BitPlan` as a dict (`hqkv calibrate --budget`)
     plans: dict = dataclasses.field(default_factory=dict)
+    rot: Tensor|None = None     # float32 [n_attn_layers, kv_heads, head_dim, head_dim], orthogonal; sigma is per axis of it
 
     def __post_init__(self): _check_profile(self)
 
@@ -87,19 +101,15 @@ class KeyProfile:
     def head_dim(self) -> int: return self.mu.shape[2]
     @property
     def tag(self) -> str:
-        "One token for log lines: mode/tokens/source."
-        return f"{self.mode}/{self.n_tokens}tok/{self.source or '?'}"
+        "One token for log lines: mode/tokens/source (mode+rot: with a rotation)."
+        return f"{self.mode}{'+rot' if self.rot is not None else ''}/{self.n_tokens}tok/{self.source or '?'}"
 
     def to(self, device) -> KeyProfile:
-        "The same profile with mu and sigma on `device` (the cache's device: no transfer per call)."
-        return dataclasses.replace(self, mu=self.mu.to(device), sigma=self.sigma.to(device))
+        "The same profile with its tensors on `device` (the cache's device: no transfer per call)."
+        return dataclasses.replace(self, mu=self.mu.to(device), sigma=self.sigma.to(device),
+                                   rot=None if self.rot is None else self.rot.to(device))
 
 # %% ../nbs/14b_keyprofile.ipynb #89c4e018
-@patch
-def to(self:KeyProfile, device) -> KeyProfile:
-    "The same profile with mu and sigma on `device` (the cache's device: no transfer per call)."
-    return dataclasses.replace(self, mu=self.mu.to(device), sigma=self.sigma.to(device))
-
 @patch
 def _vec(self:KeyProfile, t:Tensor, slot:int, x:Tensor, heads:int, what:str) -> Tensor:
     _check_slot(slot, self.n_layers)
@@ -116,23 +126,30 @@ def _vec(self:KeyProfile, t:Tensor, slot:int, x:Tensor, heads:int, what:str) -> 
 @patch
 def apply_keys(self:KeyProfile, layer_slot:int, # which attention layer (index into `layers`)
                k:Tensor, # float [..., kv_heads, head_dim], the model's post-RoPE keys
-              ) -> Tensor: # float32 (k - mu) / sigma
+              ) -> Tensor: # float32 (k - mu) @ rot / sigma
     "The keys the cache codes and stores (pages and exact window alike)."
     mu = self._vec(self.mu, layer_slot, k, True, "apply_keys")
-    return (k.to(torch.float32) - mu) / self.sigma[layer_slot].to(k.device)
+    return self._turn(layer_slot, k.to(torch.float32) - mu) / self.sigma[layer_slot].to(k.device)
+
+@patch
+def _turn(self:KeyProfile, slot:int, x:Tensor, back:bool=False) -> Tensor: # x [..., heads, D] @ rot (back: rot^T)
+    if self.rot is None: return x
+    r = self._vec(self.rot, slot, x, False, "rotation")
+    return torch.matmul(x.unsqueeze(-2), r.transpose(-1, -2) if back else r).squeeze(-2)
 
 @patch
 def restore_keys(self:KeyProfile, layer_slot:int, kt:Tensor, # float [..., kv_heads, head_dim], transformed keys
-                ) -> Tensor: # float32 kt * sigma + mu
+                ) -> Tensor: # float32 (kt * sigma) @ rot^T + mu
     "Inverse of `apply_keys`."
     s = self._vec(self.sigma, layer_slot, kt, True, "restore_keys")
-    return kt.to(torch.float32) * s + self.mu[layer_slot].to(kt.device)
+    return self._turn(layer_slot, kt.to(torch.float32) * s, back=True) + self.mu[layer_slot].to(kt.device)
 
 @patch
 def apply_query(self:KeyProfile, layer_slot:int, q:Tensor, # float [..., Hq, head_dim], Hq a multiple of kv_heads
                ) -> Tensor: # float32 q * sigma
-    "The query that scores transformed keys: q' . (k - mu)/sigma = q . k - q . mu (a constant per query)."
-    return q.to(torch.float32) * self._vec(self.sigma, layer_slot, q, False, "apply_query")
+    "The query that scores transformed keys: q' . k' = q . k - q . mu (a constant per query)."
+    s = self._vec(self.sigma, layer_slot, q, False, "apply_query")
+    return self._turn(layer_slot, q.to(torch.float32)) * s
 
 # %% ../nbs/14b_keyprofile.ipynb #6e2151ec
 @patch
@@ -140,14 +157,15 @@ def meta(self:KeyProfile) -> dict:
     "Everything but the tensors, JSON-ready."
     return dict(model=dataclasses.asdict(self.model), layers=list(self.layers), source=self.source,
                 n_tokens=self.n_tokens, mode=self.mode, rotation_seed=self.rotation_seed, version=self.version,
-                shape=list(self.mu.shape), plans=self.plans)
+                shape=list(self.mu.shape), plans=self.plans, rotated=self.rot is not None)
 
 @patch
 def save(self:KeyProfile, path:str|Path) -> Path:
-    "Write the profile (two float32 tensors and a JSON string) with `torch.save`."
+    "Write the profile (float32 tensors and a JSON string) with `torch.save`."
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"format": PROFILE_FORMAT, "mu": self.mu.cpu(), "sigma": self.sigma.cpu(),
+    rot = {} if self.rot is None else {"rot": self.rot.cpu()}
+    torch.save({"format": PROFILE_FORMAT, "mu": self.mu.cpu(), "sigma": self.sigma.cpu(), **rot,
                 "meta": json.dumps(self.meta(), sort_keys=True)}, p)
     return p
 
@@ -162,11 +180,11 @@ def load(cls:KeyProfile, path:str|Path) -> KeyProfile:
         raise ValueError(f"{p} is not a key profile file (no {PROFILE_FORMAT!r} tag)")
     try:
         m = json.loads(b["meta"])
-        if m.get("version") != PROFILE_VERSION:
-            raise ValueError(f"{p}: key profile version {m.get('version')!r}, this hqkv reads version "
-                             f"{PROFILE_VERSION}")
+        if m.get("version") not in READ_VERSIONS:
+            raise ValueError(f"{p}: key profile version {m.get('version')!r}, this hqkv reads versions "
+                             f"{READ_VERSIONS}")
         prof = cls(b["mu"], b["sigma"], ModelIdentity(**m["model"]), tuple(m["layers"]), m["source"], m["n_tokens"],
-                   m["mode"], m["rotation_seed"], m["version"], m.get("plans", {}))
+                   m["mode"], m["rotation_seed"], m["version"], m.get("plans", {}), b.get("rot"))
         for base in prof.plans:
             try: prof.plan_for(base)
             except ValueError as e: raise ValueError(f"{p}: the {base} plan: {e}") from None

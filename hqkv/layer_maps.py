@@ -60,10 +60,11 @@ def layer_maps(kv, # a `PagedKV`: its codecs and key profile (the maps are kept 
     D, dev = kc.head_dim, kv.pool.device
     R, Rv, Ro = (_codec_map(c, f, D, dev) for c, f in ((kc, "rotate"), (vc, "rotate"), (vc, "unrotate")))
     if prof is None: q, k, b = (None if R is None else R * scale), R, None
-    else:                                             # sigma, mu: [H, D]; (q * sigma) R, (k - mu) / sigma R
+    else:                         # sigma, mu: [H, D], rot [H, D, D]: (q rot * sigma) R, ((k - mu) rot / sigma) R
         s, mu = prof.sigma[li].to(dev), prof.mu[li].to(dev)
+        P = torch.eye(D, device=dev).expand(len(s), D, D) if prof.rot is None else prof.rot[li].to(dev)
         R = torch.eye(D, device=dev) if R is None else R   # [D, D] or [H, D, D]
-        q, k = s[:, :, None] * R * scale, R / s[:, :, None]
-        b = -torch.matmul((mu / s)[:, None, :], R).squeeze(1)
+        q, k = (P * s[:, None, :]) @ R * scale, (P / s[:, None, :]) @ R
+        b = -torch.matmul(mu[:, None, :], k).squeeze(1)
     m = kv.maps[li, scale] = LayerMaps(q, k, b, Rv, Ro, float(scale))
     return m

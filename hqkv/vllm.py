@@ -346,7 +346,8 @@ def shard_profile(profile, # a `hqkv.keyprofile.KeyProfile` over all KV heads
         if H % world: raise ValueError(f"hqkv vllm: {H} KV heads do not split over tensor parallel {world}")
         per = H // world; sl = slice(rank * per, (rank + 1) * per)
     else: r = rank * H // world; sl = slice(r, r + 1)
-    return dataclasses.replace(profile, mu=profile.mu[:, sl], sigma=profile.sigma[:, sl])
+    return dataclasses.replace(profile, mu=profile.mu[:, sl], sigma=profile.sigma[:, sl],
+                               rot=None if profile.rot is None else profile.rot[:, sl])
 
 # %% ../nbs/75_vllm.ipynb #d53033f3
 def refuse_unsupported(alibi_slopes=None, logits_soft_cap=None, sinks=None, # vLLM's AttentionImpl arguments

@@ -85,3 +85,19 @@ def test_a_file_for_another_model_is_refused_by_name(setup, tmp_path):
         r = run(args + ["--key-profile", str(prof)], tmp_path)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
         assert "was calibrated on tiny-llama@" in r.stderr and "not on this model other@" in r.stderr, r.stderr
+
+
+def test_a_rotated_profile_file(setup, tmp_path):
+    "`hqkv calibrate --rotate` writes a profile with a rotation per (layer, KV head); the engine runs with it."
+    tiny, _, _, _ = setup
+    prof = tmp_path / "rot.pt"
+    r = run(["calibrate", "--model", str(tiny), "--text-file", str(TEXT), "--tokens", "600", "--chunk", "256", "--rotate",
+             "--out", str(prof)], tmp_path / "calib")
+    assert r.returncode == 0 and prof.exists(), r.stderr
+    from hqkv.keyprofile import KeyProfile
+    p = KeyProfile.load(prof)
+    assert p.rot is not None and tuple(p.rot.shape) == (p.n_layers, p.kv_heads, p.head_dim, p.head_dim)
+    r = run(["generate", "--model", str(tiny), "--format", "hq-e8-2b", "--key-profile", str(prof), "--max-tokens", "4", *SMALL,
+             "In the beginning"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert f"key_profile={p.tag} " in r.stdout + r.stderr, r.stdout + r.stderr
