@@ -93,10 +93,12 @@ bench-weights: $(STAMP)
 ## bench-plan: the bit plan's proxy against the exact per-row measurement on three real models (ranking, plans evaluated on
 ## KJV, time), then `hqkv calibrate --budget 2.5` for SmolLM2 and Qwen2.5 writing the profiles that ship in hqkv/data
 ## (nbs/studies/59b_plan_proxy's slow cells -> nbs/results/plan_proxy.json), then their per-head plans on those profiles,
-## which ship (nbs/studies/59e_per_head_plan -> nbs/results/per_head_plan.json)
+## which ship (nbs/studies/59e_per_head_plan -> nbs/results/per_head_plan.json), then the same with a rotated profile
+## (`hqkv calibrate --rotate`), which ships where it measures lower (nbs/studies/59f_key_rotation -> key_rotation.json)
 bench-plan: $(STAMP) bench-texts
 	$(BIN)/nbdev-test --n-workers 1 --flags slow --timing --cell-timeout 7200 nbs/studies/59b_plan_proxy.ipynb
 	$(BIN)/nbdev-test --n-workers 1 --flags slow --timing --cell-timeout 7200 nbs/studies/59e_per_head_plan.ipynb
+	$(BIN)/nbdev-test --n-workers 1 --flags slow --timing --cell-timeout 7200 nbs/studies/59f_key_rotation.ipynb
 
 ## bench-context: attention alone for one layer at 1K-32K tokens, head dims 64/128/256, GQA 1/4/8, every format the CPU kernels
 ## read, against bf16 pages and the gather path, with a STREAM-like triad for the machine's bandwidth (nbs/34_attention.cpu's

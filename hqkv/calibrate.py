@@ -16,9 +16,9 @@ from .keyprofile import MODES, KeyProfile
 from .codec import get_codec, asked_codec_opts
 
 # %% auto #0
-__all__ = ['CAPTURE_ATTN', 'PROXY_ATTN', 'METHODS', 'profile_stats', 'key_rotation', 'calibrate_hf', 'row_sensitivity',
-           'attention_grads', 'coded_reads', 'row_codes', 'coded_errors', 'proxy_sensitivity', 'calibrate_plan',
-           'calibrate_report']
+__all__ = ['ROTATE_CHECK', 'CAPTURE_ATTN', 'PROXY_ATTN', 'METHODS', 'profile_stats', 'key_rotation', 'rotated_profile',
+           'calibrate_hf', 'row_sensitivity', 'attention_grads', 'coded_reads', 'row_codes', 'coded_errors',
+           'proxy_sensitivity', 'calibrate_plan', 'calibrate_report']
 
 # %% ../nbs/15_calibrate.ipynb #3b0febf2
 def profile_stats(k:Tensor, # float [L, T, kv_heads, D]: keys of each attention layer at T positions
@@ -75,7 +75,7 @@ def profile_stats(k:Tensor, # float [L, T, kv_heads, D]: keys of each attention 
     sigma = torch.where(m > 0, s.clamp(min=floor * m, max=m / floor), torch.ones_like(s))
     return mu, sigma
 
-# %% ../nbs/15_calibrate.ipynb #d62cdbf1
+# %% ../nbs/15_calibrate.ipynb #fd5dda81
 def key_rotation(k:Tensor, # float [L, T, kv_heads, D]: keys (the positions to measure, <bos> left out)
                  qq:Tensor, # float [L, Hq, D, D]: E[q^T q] of each query head (Hq a multiple of kv_heads)
                  clip:float=0.999, # each channel's |k - median| is clipped at this quantile first (as `profile_stats`)
@@ -99,6 +99,37 @@ def key_rotation(k:Tensor, # float [L, T, kv_heads, D]: keys (the positions to m
     h, hi = power(sk, 0.5), power(sk, -0.5)
     P = hi @ power(h @ sq @ h, 0.5) @ hi
     return torch.linalg.eigh((P + P.transpose(-1, -2)) / 2).eigenvectors.to(torch.float32)
+
+# %% ../nbs/15_calibrate.ipynb #dc5ea468
+ROTATE_CHECK = "tbq2"   # the coder whose score error decides, per (layer, KV head), whether the rotation is kept
+
+def _score_err(k:Tensor, mu:Tensor, sigma:Tensor, rot:Tensor, qq:Tensor) -> float:
+    "k [T, D] one head's keys; qq [D, D]: mean over keys of e^T qq e, e the error of coding (k - mu) rot / sigma."
+    c = get_codec(ROTATE_CHECK, head_dim=k.shape[-1], **asked_codec_opts(ROTATE_CHECK))
+    e = (c.decode(c.encode(((k - mu) @ rot) / sigma)) * sigma) @ rot.T + mu - k
+    return float(((e.double() @ qq) * e.double()).sum(-1).mean())
+
+def rotated_profile(k:Tensor, # float [L, T, kv_heads, D]: the calibration keys
+                    qq:Tensor, # float [L, Hq, D, D]: E[q^T q] of each query head
+                    mu:Tensor, sigma:Tensor, # [L, kv_heads, D]: the per-channel profile of the same keys (`profile_stats`)
+                    mode:str="qk", skip:int=1, clip:float=0.999, floor:float=0.05, # as `profile_stats`
+                   ) -> tuple[Tensor, Tensor, Tensor]: # mu, sigma, rot: each head rotated where that codes better
+    "`key_rotation` and a per-axis sigma along it, kept per (layer, KV head) where `ROTATE_CHECK`'s score error drops."
+    L, T, H, D = k.shape
+    try: get_codec(ROTATE_CHECK, head_dim=D, **asked_codec_opts(ROTATE_CHECK))
+    except ValueError as e: raise ValueError(f"a rotated profile is checked with {ROTATE_CHECK} codes: {e}") from None
+    rot = key_rotation(k[:, skip:], qq, clip)
+    rq = rot.double().repeat_interleave(qq.shape[1] // H, 1)             # each query head's KV head's rotation
+    q_ms = (rq * (qq @ rq)).sum(-2).float()                               # diag(R^T E[q^T q] R): along R's axes
+    mu_r, sig_r = profile_stats(torch.einsum("lthd,lhde->lthe", k, rot), None, mode, skip, clip, floor, q_ms=q_ms)
+    mu_r = torch.einsum("lhe,lhde->lhd", mu_r, rot)                        # back to the channels: mu_r R^T
+    sq, eye = qq.reshape(L, H, -1, D, D).mean(2), torch.eye(D)
+    for l, h in ((l, h) for l in range(L) for h in range(H)):
+        x = k[l, skip:, h]
+        if _score_err(x, mu_r[l, h], sig_r[l, h], rot[l, h], sq[l, h]) >= _score_err(x, mu[l, h], sigma[l, h], eye,
+                                                                                         sq[l, h]):
+            rot[l, h], mu_r[l, h], sig_r[l, h] = eye, mu[l, h], sigma[l, h]
+    return mu_r, sig_r, rot
 
 # %% ../nbs/15_calibrate.ipynb #d8927bd9
 CAPTURE_ATTN = "hqkv_capture"   # the attention implementation `calibrate_hf` runs the model with
@@ -184,14 +215,9 @@ def calibrate_hf(model, # a transformers causal LM (`LoadedLM.model`, or one you
                     print(f"calibrate {identity.name}: {rec.pos:,}/{N:,} tokens, {time.perf_counter() - t0:.0f} s",
                           file=sys.stderr, flush=True)
     qq = rec.qq / (N - skip)                                              # [L, Hq, D, D]
-    if not rotate:
-        mu, sigma = profile_stats(rec.k, None, mode, skip, clip, floor, q_ms=qq.diagonal(0, -2, -1).float())
-        return KeyProfile(mu, sigma, identity, g.attn_ids, source, int(N), mode)
-    rot = key_rotation(rec.k[:, skip:], qq, clip)
-    rq = rot.double().repeat_interleave(qq.shape[1] // rot.shape[1], 1)  # each query head's KV head's rotation
-    q_ms = (rq * (qq @ rq)).sum(-2).float()                               # diag(R^T E[q q^T] R): along R's axes
-    mu_r, sigma = profile_stats(torch.einsum("lthd,lhde->lthe", rec.k, rot), None, mode, skip, clip, floor, q_ms=q_ms)
-    mu = torch.einsum("lhe,lhde->lhd", mu_r, rot)                          # back to the channels: mu_r R^T
+    mu, sigma = profile_stats(rec.k, None, mode, skip, clip, floor, q_ms=qq.diagonal(0, -2, -1).float())
+    if not rotate: return KeyProfile(mu, sigma, identity, g.attn_ids, source, int(N), mode)
+    mu, sigma, rot = rotated_profile(rec.k, qq, mu, sigma, mode, skip, clip, floor)
     return KeyProfile(mu, sigma, identity, g.attn_ids, source, int(N), mode, version=2, rot=rot)
 
 # %% ../nbs/15_calibrate.ipynb #746af430
