@@ -100,7 +100,7 @@ def key_rotation(k:Tensor, # float [L, T, kv_heads, D]: keys (the positions to m
     P = hi @ power(h @ sq @ h, 0.5) @ hi
     return torch.linalg.eigh((P + P.transpose(-1, -2)) / 2).eigenvectors.to(torch.float32)
 
-# %% ../nbs/15_calibrate.ipynb #dc5ea468
+# %% ../nbs/15_calibrate.ipynb #bf32b3c8
 ROTATE_CHECK = "tbq2"   # the coder whose score error decides, per (layer, KV head), whether the rotation is kept
 
 def _score_err(k:Tensor, mu:Tensor, sigma:Tensor, rot:Tensor, qq:Tensor) -> float:
@@ -455,4 +455,5 @@ def calibrate_report(prof:KeyProfile, path:Path) -> dict:
                 mu_abs_max=[round(float(x), 4) for x in prof.mu.abs().amax((1, 2))],
                 sigma_min=[round(float(x), 5) for x in s.amin((1, 2))],
                 sigma_median=[round(float(x), 5) for x in s.flatten(1).median(1).values],
-                sigma_max=[round(float(x), 4) for x in s.amax((1, 2))], plans=prof.plans)
+                sigma_max=[round(float(x), 4) for x in s.amax((1, 2))], plans=prof.plans,
+                rotated_heads=0 if prof.rot is None else int((prof.rot != torch.eye(prof.head_dim)).any(-1).any(-1).sum()))

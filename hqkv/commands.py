@@ -231,8 +231,9 @@ def _calibrate_setup(p:argparse.ArgumentParser):
     p.add_argument("--mode", default="qk", choices=MODES,
                    help="how sigma is chosen: qk (score-optimal, default) or std")
     p.add_argument("--rotate", action="store_true",
-                   help="also a rotation per (layer, KV head) ahead of sigma (hqkv.calibrate.key_rotation): keys with "
-                        "correlated channels code with less error")
+                   help="also a rotation per (layer, KV head) ahead of sigma (hqkv.calibrate.key_rotation), kept per "
+                        "head where tbq2 codes score better; with --budget, the plan is made for the rotated and the "
+                        "per-channel profile (twice the time) and the one the proxy predicts lower is written")
     p.add_argument("--chunk", type=int, default=1024, help="tokens per forward of the capture run (default: 1024)")
     g = p.add_argument_group("bit plan",
                              "per-(layer, K/V) formats under a budget, measured on the same text and stored in the "
@@ -265,7 +266,7 @@ def _first_tokens(ids:list, n:int|None, limit:int, what:str) -> list:
     return ids
 
 def _calibrate_profile(args, model_path:str, text:str, tf:Path):
-    "The model as the quality harness drives it (an `HFModel`) and its key profile."
+    "The model as the quality harness drives it (an `HFModel`), its key profile, and (--rotate --budget) the unrotated one."
     # the profile: measured on the text, or (--plan-only) the one it has
     from hqkv.calibrate import calibrate_hf
     from hqkv.keyprofile import find_profile, KeyProfile
@@ -281,9 +282,17 @@ def _calibrate_profile(args, model_path:str, text:str, tf:Path):
         bos = [] if lm.bos_id is None else [lm.bos_id]
         ids = _first_tokens(bos + lm.tokenizer.encode(text, add_special_tokens=False), args.tokens, lm.max_position,
                             str(tf))
-        prof = calibrate_hf(lm.model, ids, lm.identity, source=tf.name, mode=args.mode, skip=len(bos), chunk=args.chunk,
-                            progress=None, rotate=args.rotate)
-    return HFModel(lm), prof
+        make = lambda rotate: calibrate_hf(lm.model, ids, lm.identity, source=tf.name, mode=args.mode, skip=len(bos),
+                                           chunk=args.chunk, progress=None, rotate=rotate)
+        prof = make(args.rotate)
+        if args.rotate and args.budget is not None: return HFModel(lm), prof, make(False)
+    return HFModel(lm), prof, None
+
+def _keep_lower(args, rotated, flat) -> tuple: # (the profile to write, what was chosen: for the report)
+    "Of the rotated and the per-channel profile (each with its plan), the one whose plan the proxy predicts lower."
+    a, b = (p.plan_for(args.plan_format).predicted_kld for p in (rotated, flat))
+    keep = rotated if a < b else flat
+    return keep, dict(kept="rotated" if keep is rotated else "per channel", predicted_rotated=a, predicted_per_channel=b)
 
 def _plan_notice(model, args, n_cands:int, n_wins:int):
     "Before a plan is measured: what it will run, and how long that takes."
@@ -334,6 +343,8 @@ def _calibrate_run(args) -> int:
     if args.tokens is not None and args.tokens < 3: raise ValueError(f"--tokens must be >= 3, got {args.tokens}")
     if args.chunk < 1: raise ValueError(f"--chunk must be >= 1, got {args.chunk}")
     if args.budget is None and args.plan_only: raise ValueError("--plan-only needs --budget")
+    if args.rotate and args.plan_only:
+        raise ValueError("--rotate makes a new profile and --plan-only keeps the model's: give one of them")
     if args.budget is not None:
         from hqkv.bitplan import parse_bit_budget
         from hqkv.codec import codec_class
@@ -346,21 +357,26 @@ def _calibrate_run(args) -> int:
     except UnicodeDecodeError as e: raise ValueError(f"text file {tf} is not UTF-8 (offset {e.start})") from None
     if args.out: _check_out(Path(args.out), args.force)  # before the model loads: a bad --out fails at once
     cfg = config_from_args(args)
-    model, prof = _calibrate_profile(args, cfg.model, text, tf)
+    model, prof, flat = _calibrate_profile(args, cfg.model, text, tf)
+    choice = None
     if args.budget is not None: prof = _calibrate_plan(args, model, prof, text, tf, cfg)
+    if flat is not None: prof, choice = _keep_lower(args, prof, _calibrate_plan(args, model, flat, text, tf, cfg))
     out = Path(args.out) if args.out else profile_path(prof.model)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try: prof.save(tmp); tmp.replace(out)  # whole or absent: an interrupted run leaves the old file whole
     finally: tmp.unlink(missing_ok=True)
-    r = calibrate_report(prof, out)
+    r = calibrate_report(prof, out) | ({} if choice is None else {"rotation": choice})
     if args.json: print(json.dumps(r, indent=2))
     else:
         print(f"wrote {r['out']} ({r['bytes']:,} bytes): key profile of {prof.model.short()}, layers {r['layers']}, "
-              f"{r['kv_heads']} x {r['head_dim']}, {prof.n_tokens:,} tokens of {prof.source}, mode {prof.mode}")
+              f"{r['kv_heads']} x {r['head_dim']}, {prof.n_tokens:,} tokens of {prof.source}, mode {prof.mode}"
+              + (f", rotated on {r['rotated_heads']} of {prof.n_layers * prof.kv_heads} (layer, KV head)" if prof.rot is not None else ""))
         for i, l in enumerate(prof.layers):
             print(f"  layer {l}: |mu| max {r['mu_abs_max'][i]:g}, sigma min/median/max {r['sigma_min'][i]:g} / "
                   f"{r['sigma_median'][i]:g} / {r['sigma_max'][i]:g}")
+        if choice: print(f"  rotation: the plans predict {choice['predicted_rotated']:.4f} rotated, "
+                         f"{choice['predicted_per_channel']:.4f} per channel: wrote the {choice['kept']} profile")
         for base in prof.plans:
             bp = prof.plan_for(base)
             print(f"  bit plan for {base} at {bp.budget_bits:g} bits: {bp.tag}, calibration KLD {bp.base_kld:.4f} -> "
