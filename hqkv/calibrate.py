@@ -6,130 +6,19 @@ Docs: https://hqkv.github.io/hqkv/calibrate.html.md"""
 
 # %% ../nbs/15_calibrate.ipynb #92f2d094
 from __future__ import annotations
-import contextlib, dataclasses, math, sys, time
+import contextlib, dataclasses, sys, time
 from pathlib import Path
 import torch
 from torch import Tensor
 from .models.identity import ModelIdentity
 from .bitplan import CANDIDATES, BitPlan, bit_plan, format_bits, parse_bit_budget, _row
-from .keyprofile import MODES, KeyProfile
+from .keyprofile import KeyProfile
 from .codec import get_codec, asked_codec_opts
+from .keystats import profile_stats, rotated_profile
 
 # %% auto #0
-__all__ = ['ROTATE_CHECK', 'CAPTURE_ATTN', 'PROXY_ATTN', 'METHODS', 'profile_stats', 'key_rotation', 'rotated_profile',
-           'calibrate_hf', 'row_sensitivity', 'attention_grads', 'coded_reads', 'row_codes', 'coded_errors',
-           'proxy_sensitivity', 'calibrate_plan', 'calibrate_report']
-
-# %% ../nbs/15_calibrate.ipynb #3b0febf2
-def profile_stats(k:Tensor, # float [L, T, kv_heads, D]: keys of each attention layer at T positions
-                  q:Tensor|None=None, # float [L, T, Hq, D]: the queries at the same positions (mode "qk")
-                  mode:str="qk", # "qk": sigma = sqrt(spread / rms(q)); "std": sigma = spread
-                  skip:int=1, # leading positions left out (<bos>: an attention sink)
-                  clip:float=0.999, # each channel's |k - mu| is clipped at this quantile before its RMS
-                  floor:float=0.05, # sigma is clamped to [floor, 1/floor] x its median over the head's channels
-                  # float [L, Hq, D]: mean of q**2 over the positions after `skip`, instead of `q` (mode "qk")
-                  q_ms:Tensor|None=None,
-                 ) -> tuple[Tensor, Tensor]: # mu, sigma: float32 [L, kv_heads, D]
-    "Robust per-channel key mean and scale."
-    if mode not in MODES: raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if not isinstance(k, Tensor) or not k.is_floating_point() or k.ndim != 4:
-        raise TypeError(f"k must be a float tensor [L, T, kv_heads, D], got {getattr(k, 'dtype', type(k).__name__)} "
-                        f"{tuple(getattr(k, 'shape', ()))}")
-    if isinstance(skip, bool) or not isinstance(skip, int) or skip < 0:
-        raise ValueError(f"skip must be an int >= 0, got {skip!r}")
-    if not 0.5 <= clip <= 1: raise ValueError(f"clip must be a quantile in [0.5, 1], got {clip!r}")
-    if not 0 < floor <= 1: raise ValueError(f"floor must be in (0, 1], got {floor!r}")
-    L, T, H, D = k.shape
-    if T - skip < 2: raise ValueError(f"profile_stats needs at least 2 positions after skipping {skip}, got {T}")
-    if mode == "qk" and q_ms is not None:
-        if (not isinstance(q_ms, Tensor) or q_ms.ndim != 3 or q_ms.shape[0] != L or q_ms.shape[2] != D
-                or q_ms.shape[1] % H):
-            raise ValueError(f"q_ms must be [{L}, a multiple of {H}, {D}], got "
-                             f"{tuple(getattr(q_ms, 'shape', ())) or q_ms!r}")
-    elif mode == "qk":
-        if not isinstance(q, Tensor) or q.ndim != 4 or q.shape[:2] != (L, T) or q.shape[3] != D or q.shape[2] % H:
-            raise ValueError(f"mode 'qk' needs queries q [{L}, {T}, a multiple of {H}, {D}], got "
-                             f"{tuple(getattr(q, 'shape', ())) or q!r}")
-    x = k[:, skip:].to(torch.float32)
-    if not bool(torch.isfinite(x).all()): raise ValueError("profile_stats: keys contain NaN or Inf")
-    n = x.shape[1]
-    kth = max(1, math.floor(clip * n))
-    # per channel (kthvalue has no size limit, unlike quantile)
-    def clip_level(dev): return dev.kthvalue(kth, dim=1).values
-    med = x.median(1).values
-    lim0 = clip_level((x - med[:, None]).abs())
-    # winsorized mean [L, H, D]
-    mu = torch.maximum(torch.minimum(x, (med + lim0)[:, None]), (med - lim0)[:, None]).mean(1)
-    dev = (x - mu[:, None]).abs()
-    spread = dev.minimum(clip_level(dev)[:, None]).pow(2).mean(1).sqrt()  # winsorized RMS about mu
-    if mode == "std": s = spread
-    else:
-        if q_ms is None: q_ms = q[:, skip:].to(torch.float32).pow(2).mean(1)   # [L, Hq, D]
-        if not bool(torch.isfinite(q_ms).all()): raise ValueError("profile_stats: queries contain NaN or Inf")
-        # [L, H, D]: over positions and the group's query heads
-        qrms = q_ms.to(torch.float32).reshape(L, H, -1, D).mean(2).sqrt()
-        tiny = qrms.amax(-1, keepdim=True).clamp_min(1e-30) * 1e-6
-        s = (spread / qrms.clamp_min(tiny)).sqrt()
-    m = s.median(-1, keepdim=True).values
-    # an all-constant head: sigma 1
-    sigma = torch.where(m > 0, s.clamp(min=floor * m, max=m / floor), torch.ones_like(s))
-    return mu, sigma
-
-# %% ../nbs/15_calibrate.ipynb #fd5dda81
-def key_rotation(k:Tensor, # float [L, T, kv_heads, D]: keys (the positions to measure, <bos> left out)
-                 qq:Tensor, # float [L, Hq, D, D]: E[q^T q] of each query head (Hq a multiple of kv_heads)
-                 clip:float=0.999, # each channel's |k - median| is clipped at this quantile first (as `profile_stats`)
-                ) -> Tensor: # float32 [L, kv_heads, D, D], orthogonal: the axes (columns) sigma is measured along
-    "Per (layer, KV head), the axes along which a per-axis scale is as good as any linear map of the keys."
-    L, T, H, D = k.shape
-    if qq.ndim != 4 or qq.shape[0] != L or qq.shape[2:] != (D, D) or qq.shape[1] % H:
-        raise ValueError(f"qq must be [{L}, a multiple of {H}, {D}, {D}], got {tuple(qq.shape)}")
-    x = k.to(torch.float64)
-    med = x.median(1, keepdim=True).values
-    lim = (x - med).abs().kthvalue(max(1, math.floor(clip * T)), dim=1, keepdim=True).values
-    x = torch.maximum(torch.minimum(x, med + lim), med - lim)
-    x = x - x.mean(1, keepdim=True)
-    eye = torch.eye(D, dtype=torch.float64)
-    sk = torch.einsum("lthd,lthe->lhde", x, x) / T
-    sk = sk + 1e-9 * sk.diagonal(0, -2, -1).mean(-1)[..., None, None] * eye + 1e-300 * eye   # no zero variance
-    sq = qq.to(torch.float64).reshape(L, H, -1, D, D).mean(2)
-    def power(s, p):                                                       # symmetric PSD s ** p
-        w, v = torch.linalg.eigh(s)
-        return (v * w.clamp_min(w.amax(-1, keepdim=True) * 1e-12)[..., None, :] ** p) @ v.transpose(-1, -2)
-    h, hi = power(sk, 0.5), power(sk, -0.5)
-    P = hi @ power(h @ sq @ h, 0.5) @ hi
-    return torch.linalg.eigh((P + P.transpose(-1, -2)) / 2).eigenvectors.to(torch.float32)
-
-# %% ../nbs/15_calibrate.ipynb #bf32b3c8
-ROTATE_CHECK = "tbq2"   # the coder whose score error decides, per (layer, KV head), whether the rotation is kept
-
-def _score_err(k:Tensor, mu:Tensor, sigma:Tensor, rot:Tensor, qq:Tensor) -> float:
-    "k [T, D] one head's keys; qq [D, D]: mean over keys of e^T qq e, e the error of coding (k - mu) rot / sigma."
-    c = get_codec(ROTATE_CHECK, head_dim=k.shape[-1], **asked_codec_opts(ROTATE_CHECK))
-    e = (c.decode(c.encode(((k - mu) @ rot) / sigma)) * sigma) @ rot.T + mu - k
-    return float(((e.double() @ qq) * e.double()).sum(-1).mean())
-
-def rotated_profile(k:Tensor, # float [L, T, kv_heads, D]: the calibration keys
-                    qq:Tensor, # float [L, Hq, D, D]: E[q^T q] of each query head
-                    mu:Tensor, sigma:Tensor, # [L, kv_heads, D]: the per-channel profile of the same keys (`profile_stats`)
-                    mode:str="qk", skip:int=1, clip:float=0.999, floor:float=0.05, # as `profile_stats`
-                   ) -> tuple[Tensor, Tensor, Tensor]: # mu, sigma, rot: each head rotated where that codes better
-    "`key_rotation` and a per-axis sigma along it, kept per (layer, KV head) where `ROTATE_CHECK`'s score error drops."
-    L, T, H, D = k.shape
-    try: get_codec(ROTATE_CHECK, head_dim=D, **asked_codec_opts(ROTATE_CHECK))
-    except ValueError as e: raise ValueError(f"a rotated profile is checked with {ROTATE_CHECK} codes: {e}") from None
-    rot = key_rotation(k[:, skip:], qq, clip)
-    rq = rot.double().repeat_interleave(qq.shape[1] // H, 1)             # each query head's KV head's rotation
-    q_ms = (rq * (qq @ rq)).sum(-2).float()                               # diag(R^T E[q^T q] R): along R's axes
-    mu_r, sig_r = profile_stats(torch.einsum("lthd,lhde->lthe", k, rot), None, mode, skip, clip, floor, q_ms=q_ms)
-    mu_r = torch.einsum("lhe,lhde->lhd", mu_r, rot)                        # back to the channels: mu_r R^T
-    sq, eye = qq.reshape(L, H, -1, D, D).mean(2), torch.eye(D)
-    for l, h in ((l, h) for l in range(L) for h in range(H)):
-        x = k[l, skip:, h]
-        if _score_err(x, mu_r[l, h], sig_r[l, h], rot[l, h], sq[l, h]) >= _score_err(x, mu[l, h], sigma[l, h], eye,
-                                                                                         sq[l, h]):
-            rot[l, h], mu_r[l, h], sig_r[l, h] = eye, mu[l, h], sigma[l, h]
-    return mu_r, sig_r, rot
+__all__ = ['CAPTURE_ATTN', 'PROXY_ATTN', 'METHODS', 'calibrate_hf', 'row_sensitivity', 'attention_grads', 'coded_reads',
+           'row_codes', 'coded_errors', 'proxy_sensitivity', 'calibrate_plan', 'calibrate_report']
 
 # %% ../nbs/15_calibrate.ipynb #d8927bd9
 CAPTURE_ATTN = "hqkv_capture"   # the attention implementation `calibrate_hf` runs the model with

@@ -294,7 +294,7 @@ def _keep_lower(args, rotated, flat) -> tuple: # (the profile to write, what was
     keep = rotated if a < b else flat
     return keep, dict(kept="rotated" if keep is rotated else "per channel", predicted_rotated=a, predicted_per_channel=b)
 
-# %% ../nbs/42a_commands.ipynb #ac932777
+# %% ../nbs/42a_commands.ipynb #1a56326d
 def _plan_notice(model, args, n_cands:int, n_wins:int):
     "Before a plan is measured: what it will run, and how long that takes."
     from hqkv.calibrate import _method
@@ -336,7 +336,7 @@ def _check_out(out:Path, force:bool):
             raise ValueError(f"--out {out} exists and is not a key profile: "
                              "refusing to overwrite it (use --force)") from None
 
-# %% ../nbs/42a_commands.ipynb #984df928
+# %% ../nbs/42a_commands.ipynb #a53246a2
 def _calibrate_run(args) -> int:
     from hqkv.calibrate import calibrate_report
     from hqkv.keyprofile import profile_path

@@ -15,6 +15,7 @@ LAYERS = [  # lowest first; a module may import any module of a lower layer
     ["texts"],                          # the evaluation texts (whole or shipped excerpts) and their windows
     ["bitplan"],                        # the per-row plan type and its search (pure)
     ["keyprofile"],                     # the profile type, its files, which one a cache uses
+    ["keystats"],                       # a profile's statistics from captured keys and queries (mu, sigma, a rotation)
     ["models.load"],                    # any transformers causal LM, its geometry
     ["attention"],                      # attention over pages: the reference, its checks
     ["kernels", "attention_cpu", "window", "layer_maps"],   # the Triton and CPU kernels; the exact window; folded maps
