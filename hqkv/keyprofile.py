@@ -66,7 +66,7 @@ def _check_rot(p):
         raise TypeError(f"KeyProfile.rot must be a float tensor [{L}, {H}, {D}, {D}] or None, got "
                         f"{getattr(r, 'dtype', type(r).__name__)} {tuple(getattr(r, 'shape', ()))}")
     p.rot = r.detach().to(torch.float32).contiguous()
-    err = float((p.rot.transpose(-1, -2) @ p.rot - torch.eye(D)).abs().amax())
+    err = float((p.rot.transpose(-1, -2) @ p.rot - torch.eye(D, device=p.rot.device)).abs().amax())
     if not err < 1e-4: raise ValueError(f"KeyProfile.rot must be orthogonal (|R^T R - I| = {err:.2g})")
     if p.version < 2: raise ValueError(f"KeyProfile version {p.version} has no rotation (version 2 does)")
     if (not isinstance(p.plans, dict)
@@ -146,7 +146,7 @@ def restore_keys(self:KeyProfile, layer_slot:int, kt:Tensor, # float [..., kv_he
 
 @patch
 def apply_query(self:KeyProfile, layer_slot:int, q:Tensor, # float [..., Hq, head_dim], Hq a multiple of kv_heads
-               ) -> Tensor: # float32 q * sigma
+               ) -> Tensor: # float32 (q @ rot) * sigma
     "The query that scores transformed keys: q' . k' = q . k - q . mu (a constant per query)."
     s = self._vec(self.sigma, layer_slot, q, False, "apply_query")
     return self._turn(layer_slot, q.to(torch.float32)) * s
