@@ -345,4 +345,4 @@ def calibrate_report(prof:KeyProfile, path:Path) -> dict:
                 sigma_min=[round(float(x), 5) for x in s.amin((1, 2))],
                 sigma_median=[round(float(x), 5) for x in s.flatten(1).median(1).values],
                 sigma_max=[round(float(x), 4) for x in s.amax((1, 2))], plans=prof.plans,
-                rotated_heads=0 if prof.rot is None else int((prof.rot != torch.eye(prof.head_dim)).any(-1).any(-1).sum()))
+                rotated_heads=0 if prof.rot is None else int((prof.rot != torch.eye(prof.head_dim, device=prof.rot.device)).any(-1).any(-1).sum()))
