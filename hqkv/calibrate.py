@@ -75,9 +75,12 @@ def calibrate_hf(model, # a transformers causal LM (`LoadedLM.model`, or one you
                  mode:str="qk", skip:int=1, clip:float=0.999, floor:float=0.05, # as `profile_stats`
                  chunk:int=1024, # tokens per forward
                  progress:bool|None=None, # report on stderr (None: when the run takes more than 4 chunks)
-                 rotate:bool=False, # also a rotation per (layer, KV head) (`key_rotation`), sigma along its axes
-                ) -> KeyProfile:
+                 # True: also a rotation per (layer, KV head) (`rotated_profile`), sigma along its axes;
+                 # "both": (the rotated profile, the per-channel one) from the one capture run
+                 rotate:bool|str=False,
+                ): # KeyProfile, or a (rotated, per-channel) pair
     "Measure a key profile for every full-attention layer of a transformers model, chunk by chunk."
+    if rotate not in (False, True, "both"): raise ValueError(f"rotate must be False, True or 'both', got {rotate!r}")
     from transformers import DynamicCache
     from hqkv.models.identity import hf_identity, text_config
     from hqkv.models.load import geometry_of
@@ -105,9 +108,11 @@ def calibrate_hf(model, # a transformers causal LM (`LoadedLM.model`, or one you
                           file=sys.stderr, flush=True)
     qq = rec.qq / (N - skip)                                              # [L, Hq, D, D]
     mu, sigma = profile_stats(rec.k, None, mode, skip, clip, floor, q_ms=qq.diagonal(0, -2, -1).float())
-    if not rotate: return KeyProfile(mu, sigma, identity, g.attn_ids, source, int(N), mode)
+    flat = KeyProfile(mu, sigma, identity, g.attn_ids, source, int(N), mode)
+    if not rotate: return flat
     mu, sigma, rot = rotated_profile(rec.k, qq, mu, sigma, mode, skip, clip, floor)
-    return KeyProfile(mu, sigma, identity, g.attn_ids, source, int(N), mode, version=2, rot=rot)
+    rotated = KeyProfile(mu, sigma, identity, g.attn_ids, source, int(N), mode, version=2, rot=rot)
+    return (rotated, flat) if rotate == "both" else rotated
 
 # %% ../nbs/15_calibrate.ipynb #746af430
 def row_sensitivity(model, # an `hqkv.quality.HFModel`
@@ -345,4 +350,4 @@ def calibrate_report(prof:KeyProfile, path:Path) -> dict:
                 sigma_min=[round(float(x), 5) for x in s.amin((1, 2))],
                 sigma_median=[round(float(x), 5) for x in s.flatten(1).median(1).values],
                 sigma_max=[round(float(x), 4) for x in s.amax((1, 2))], plans=prof.plans,
-                rotated_heads=0 if prof.rot is None else int((prof.rot != torch.eye(prof.head_dim, device=prof.rot.device)).any(-1).any(-1).sum()))
+                rotated_heads=int(prof.rotated_heads.sum()))

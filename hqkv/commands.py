@@ -282,10 +282,10 @@ def _calibrate_profile(args, model_path:str, text:str, tf:Path):
         bos = [] if lm.bos_id is None else [lm.bos_id]
         ids = _first_tokens(bos + lm.tokenizer.encode(text, add_special_tokens=False), args.tokens, lm.max_position,
                             str(tf))
-        make = lambda rotate: calibrate_hf(lm.model, ids, lm.identity, source=tf.name, mode=args.mode, skip=len(bos),
-                                           chunk=args.chunk, progress=None, rotate=rotate)
-        prof = make(args.rotate)
-        if args.rotate and args.budget is not None: return HFModel(lm), prof, make(False)
+        both = args.rotate and args.budget is not None                  # one capture run, both profiles
+        prof = calibrate_hf(lm.model, ids, lm.identity, source=tf.name, mode=args.mode, skip=len(bos), chunk=args.chunk,
+                            progress=None, rotate="both" if both else args.rotate)
+        if both: return HFModel(lm), *prof
     return HFModel(lm), prof, None
 
 def _keep_lower(args, rotated, flat) -> tuple: # (the profile to write, what was chosen: for the report)

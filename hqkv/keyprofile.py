@@ -104,6 +104,12 @@ class KeyProfile:
         "One token for log lines: mode/tokens/source (mode+rot: with a rotation)."
         return f"{self.mode}{'+rot' if self.rot is not None else ''}/{self.n_tokens}tok/{self.source or '?'}"
 
+    @property
+    def rotated_heads(self) -> Tensor:
+        "bool [n_attn_layers, kv_heads]: the (layer, KV head)s whose rotation is not the identity."
+        if self.rot is None: return torch.zeros(self.mu.shape[:2], dtype=torch.bool)
+        return (self.rot != torch.eye(self.head_dim, device=self.rot.device)).flatten(-2).any(-1).cpu()
+
     def to(self, device) -> KeyProfile:
         "The same profile with its tensors on `device` (the cache's device: no transfer per call)."
         return dataclasses.replace(self, mu=self.mu.to(device), sigma=self.sigma.to(device),
@@ -133,9 +139,10 @@ def apply_keys(self:KeyProfile, layer_slot:int, # which attention layer (index i
 
 @patch
 def _turn(self:KeyProfile, slot:int, x:Tensor, back:bool=False) -> Tensor: # x [..., heads, D] @ rot (back: rot^T)
+    "x's shape is checked by the caller; the G query heads of KV head h share its rotation (no copy per query head)."
     if self.rot is None: return x
-    r = self._vec(self.rot, slot, x, False, "rotation")
-    return torch.matmul(x.unsqueeze(-2), r.transpose(-1, -2) if back else r).squeeze(-2)
+    r = self.rot[slot].to(x.device)                                     # [H, D, D]
+    return torch.matmul(x.unflatten(-2, (self.kv_heads, -1)), r.transpose(-1, -2) if back else r).flatten(-3, -2)
 
 @patch
 def restore_keys(self:KeyProfile, layer_slot:int, kt:Tensor, # float [..., kv_heads, head_dim], transformed keys

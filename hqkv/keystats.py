@@ -16,6 +16,9 @@ from .codec import get_codec, asked_codec_opts
 __all__ = ['ROTATE_CHECK', 'profile_stats', 'key_rotation', 'rotated_profile']
 
 # %% ../nbs/14d_keystats.ipynb #3b0febf2
+def _winsorized(x:Tensor, med:Tensor, lim:Tensor) -> Tensor: # x [L, T, ...] clipped per channel to med +- lim [L, ...]
+    return torch.maximum(torch.minimum(x, (med + lim).unsqueeze(1)), (med - lim).unsqueeze(1))
+
 def profile_stats(k:Tensor, # float [L, T, kv_heads, D]: keys of each attention layer at T positions
                   q:Tensor|None=None, # float [L, T, Hq, D]: the queries at the same positions (mode "qk")
                   mode:str="qk", # "qk": sigma = sqrt(spread / rms(q)); "std": sigma = spread
@@ -53,8 +56,7 @@ def profile_stats(k:Tensor, # float [L, T, kv_heads, D]: keys of each attention 
     def clip_level(dev): return dev.kthvalue(kth, dim=1).values
     med = x.median(1).values
     lim0 = clip_level((x - med[:, None]).abs())
-    # winsorized mean [L, H, D]
-    mu = torch.maximum(torch.minimum(x, (med + lim0)[:, None]), (med - lim0)[:, None]).mean(1)
+    mu = _winsorized(x, med, lim0).mean(1)                # winsorized mean [L, H, D]
     dev = (x - mu[:, None]).abs()
     spread = dev.minimum(clip_level(dev)[:, None]).pow(2).mean(1).sqrt()  # winsorized RMS about mu
     if mode == "std": s = spread
@@ -80,9 +82,8 @@ def key_rotation(k:Tensor, # float [L, T, kv_heads, D]: keys (the positions to m
     if qq.ndim != 4 or qq.shape[0] != L or qq.shape[2:] != (D, D) or qq.shape[1] % H:
         raise ValueError(f"qq must be [{L}, a multiple of {H}, {D}, {D}], got {tuple(qq.shape)}")
     x = k.to(torch.float64)
-    med = x.median(1, keepdim=True).values
-    lim = (x - med).abs().kthvalue(max(1, math.floor(clip * T)), dim=1, keepdim=True).values
-    x = torch.maximum(torch.minimum(x, med + lim), med - lim)
+    med = x.median(1).values
+    x = _winsorized(x, med, (x - med[:, None]).abs().kthvalue(max(1, math.floor(clip * T)), dim=1).values)
     x = x - x.mean(1, keepdim=True)
     eye = torch.eye(D, dtype=torch.float64)
     sk = torch.einsum("lthd,lthe->lhde", x, x) / T
@@ -98,9 +99,8 @@ def key_rotation(k:Tensor, # float [L, T, kv_heads, D]: keys (the positions to m
 # %% ../nbs/14d_keystats.ipynb #bf32b3c8
 ROTATE_CHECK = "tbq2"   # the coder whose score error decides, per (layer, KV head), whether the rotation is kept
 
-def _score_err(k:Tensor, mu:Tensor, sigma:Tensor, rot:Tensor, qq:Tensor) -> float:
-    "k [T, D] one head's keys; qq [D, D]: mean over keys of e^T qq e, e the error of coding (k - mu) rot / sigma."
-    c = get_codec(ROTATE_CHECK, head_dim=k.shape[-1], **asked_codec_opts(ROTATE_CHECK))
+def _score_err(c, k:Tensor, mu:Tensor, sigma:Tensor, rot:Tensor, qq:Tensor) -> float:
+    "Codec c; k [T, D] one head's keys; qq [D, D]: mean over keys of e^T qq e, e the error of coding (k - mu) rot / sigma."
     e = (c.decode(c.encode(((k - mu) @ rot) / sigma)) * sigma) @ rot.T + mu - k
     return float(((e.double() @ qq) * e.double()).sum(-1).mean())
 
@@ -111,7 +111,7 @@ def rotated_profile(k:Tensor, # float [L, T, kv_heads, D]: the calibration keys
                    ) -> tuple[Tensor, Tensor, Tensor]: # mu, sigma, rot: each head rotated where that codes better
     "`key_rotation` and a per-axis sigma along it, kept per (layer, KV head) where `ROTATE_CHECK`'s score error drops."
     L, T, H, D = k.shape
-    try: get_codec(ROTATE_CHECK, head_dim=D, **asked_codec_opts(ROTATE_CHECK))
+    try: c = get_codec(ROTATE_CHECK, head_dim=D, **asked_codec_opts(ROTATE_CHECK))
     except ValueError as e: raise ValueError(f"a rotated profile is checked with {ROTATE_CHECK} codes: {e}") from None
     rot = key_rotation(k[:, skip:], qq, clip)
     rq = rot.double().repeat_interleave(qq.shape[1] // H, 1)             # each query head's KV head's rotation
@@ -120,8 +120,7 @@ def rotated_profile(k:Tensor, # float [L, T, kv_heads, D]: the calibration keys
     mu_r = torch.einsum("lhe,lhde->lhd", mu_r, rot)                        # back to the channels: mu_r R^T
     sq, eye = qq.reshape(L, H, -1, D, D).mean(2), torch.eye(D)
     for l, h in ((l, h) for l in range(L) for h in range(H)):
-        x = k[l, skip:, h]
-        if _score_err(x, mu_r[l, h], sig_r[l, h], rot[l, h], sq[l, h]) >= _score_err(x, mu[l, h], sigma[l, h], eye,
-                                                                                         sq[l, h]):
+        err = lambda m, s, r: _score_err(c, k[l, skip:, h], m, s, r, sq[l, h])
+        if err(mu_r[l, h], sig_r[l, h], rot[l, h]) >= err(mu[l, h], sigma[l, h], eye):
             rot[l, h], mu_r[l, h], sig_r[l, h] = eye, mu[l, h], sigma[l, h]
     return mu_r, sig_r, rot
