@@ -11,14 +11,14 @@ from pathlib import Path
 import torch
 from torch import Tensor
 from .models.identity import ModelIdentity
-from .bitplan import CANDIDATES, BitPlan, bit_plan, format_bits, parse_bit_budget, _row
+from .bitplan import CANDIDATES, BitPlan, bit_plan, choose_plan, format_bits, parse_bit_budget, _row
 from .keyprofile import KeyProfile
 from .codec import get_codec, asked_codec_opts
 from .keystats import profile_stats, rotated_profile
 
 # %% auto #0
-__all__ = ['CAPTURE_ATTN', 'PROXY_ATTN', 'METHODS', 'calibrate_hf', 'row_sensitivity', 'attention_grads', 'coded_reads',
-           'row_codes', 'coded_errors', 'proxy_sensitivity', 'calibrate_plan', 'calibrate_report']
+__all__ = ['CAPTURE_ATTN', 'PROXY_ATTN', 'TURNED', 'METHODS', 'calibrate_hf', 'row_sensitivity', 'attention_grads', 'coded_reads',
+           'row_codes', 'coded_errors', 'proxy_sensitivity', 'calibrate_plan', 'mixed_profile', 'calibrate_report']
 
 # %% ../nbs/15_calibrate.ipynb #d8927bd9
 CAPTURE_ATTN = "hqkv_capture"   # the attention implementation `calibrate_hf` runs the model with
@@ -216,7 +216,7 @@ def _roundtrip(fmt:str, x:Tensor) -> Tensor:
     return c.decode(c.encode(x.reshape(-1, x.shape[-1]))).reshape(x.shape)
 
 # %% ../nbs/15_calibrate.ipynb #34f50809
-def row_codes(k:Tensor, v:Tensor, # [Hkv, N, D]
+def row_codes(k:Tensor, v:Tensor|None, # [Hkv, N, D] (v None: the keys only)
               fmts, # formats to code the rows in
               mu:Tensor|None=None, sigma:Tensor|None=None, # [Hkv, D]: the key profile (keys coded as (k - mu) / sigma)
               rot:Tensor|None=None, # [Hkv, D, D]: its rotation, if any (keys coded as (k - mu) rot / sigma)
@@ -226,7 +226,7 @@ def row_codes(k:Tensor, v:Tensor, # [Hkv, N, D]
     for f in fmts:
         kk = k if mu is None else R(k - mu[:, None]) / sigma[:, None]
         out["k", f] = _roundtrip(f, kk) if mu is None else R(_roundtrip(f, kk) * sigma[:, None], True) + mu[:, None]
-        out["v", f] = _roundtrip(f, v)
+        if v is not None: out["v", f] = _roundtrip(f, v)
     return out
 
 def coded_errors(q:Tensor, k:Tensor, v:Tensor, # [Hq, n, D] queries at positions qpos; [Hkv, N, D] keys, values
@@ -248,14 +248,28 @@ def coded_errors(q:Tensor, k:Tensor, v:Tensor, # [Hq, n, D] queries at positions
     return out
 
 # %% ../nbs/15_calibrate.ipynb #0432cc58
+TURNED = "@rot"   # a key format read through the rotated profile, in the proxy's sums ('tbq2@rot')
+
+def _check_rotated(profile, rotated):
+    "A rotated alternative needs the per-channel profile beside it, measured on the same layers and heads."
+    if profile is None or rotated.rot is None:
+        raise ValueError("rotated= is a rotated profile (its rot set) beside the per-channel profile= of the same keys")
+    if tuple(rotated.layers) != tuple(profile.layers) or rotated.mu.shape != profile.mu.shape:
+        raise ValueError(f"the rotated profile (layers {list(rotated.layers)}, {list(rotated.mu.shape)}) does not match "
+                         f"the profile (layers {list(profile.layers)}, {list(profile.mu.shape)})")
+
+def _layer_profile(profile, l:int) -> tuple: # row_codes' (mu, sigma, rot) of model layer l
+    i = list(profile.layers).index(l)
+    return profile.mu[i].float(), profile.sigma[i].float(), None if profile.rot is None else profile.rot[i].float()
+
 def _window_proxy(acc:dict, qkv:dict, grads:dict, fmts, n:int, chunk:int, sinks:int, recent:int, profile, w:float,
-                  per_head:bool=False): # also the same sum per KV head ('k5.1'), over its query heads only
+                  per_head:bool=False, # also the same sum per KV head ('k5.1'), over its query heads only
+                  rotated=None): # a rotated profile: the keys through it too, as format f + TURNED
     "Add one window's proxy (weight w) of every (row, format) to acc: 0.5 / n x mean over draws of sum_t (g_t . e_t)^2."
     for l, (q, k, v, scale) in qkv.items():
-        i = None if profile is None else list(profile.layers).index(l)
-        prof = () if i is None else (profile.mu[i].float(), profile.sigma[i].float(),
-                                     None if profile.rot is None else profile.rot[i].float())
-        codes = row_codes(k, v, fmts, *prof)
+        codes = row_codes(k, v, fmts, *(() if profile is None else _layer_profile(profile, l)))
+        if rotated is not None:
+            codes |= {("k", f + TURNED): x for (_, f), x in row_codes(k, None, fmts, *_layer_profile(rotated, l)).items()}
         N = k.shape[1]
         for a in range(N - n, N, 1024):                               # the scored queries, [heads, 1024, N] at a time
             qpos = torch.arange(a, min(N, a + 1024))
@@ -289,7 +303,11 @@ def proxy_sensitivity(model, # an `hqkv.quality.HFModel` (a transformers model)
                       samples:int=2, # tokens drawn per scored position for the gradients
                       seed:int=0, log=print,
                       per_head:bool=False, # predict each KV head's rows ('k5.1') instead of each layer's ('k5')
-                     ) -> tuple[float, dict]: # (base KLD, {row: {format: predicted KLD}}), as `row_sensitivity`
+                      # a rotated profile of the same keys (`calibrate_hf(rotate="both")[0]`): a key row may read its
+                      # keys through it instead of `profile`, whichever the proxy predicts lower, per format
+                      rotated:KeyProfile|None=None,
+                     ) -> tuple: # (base KLD, {row: {format: predicted KLD}}), as `row_sensitivity`; with `rotated`
+                                 # also {key row: [the formats it reads rotated]}
     "`row_sensitivity`'s numbers predicted from attention-output errors and logit gradients, tied to the base's KLD."
     from hqkv.quality import HFModel, KVVariant, kld_eval
     if not isinstance(model, HFModel):
@@ -298,20 +316,27 @@ def proxy_sensitivity(model, # an `hqkv.quality.HFModel` (a transformers model)
     D, layers = model.geometry.head_dim, model.cfg.global_layers
     fmts = list(dict.fromkeys([base, *candidates]))
     for f in fmts: format_bits(f, D)                                 # a format without this head_dim: ValueError first
+    if rotated is not None: _check_rotated(profile, rotated)
     v0 = KVVariant(base, window=bool(sinks or recent), key_profile=profile is not None, sinks=sinks, recent=recent)
     acc, base_kld, t0 = {}, 0.0, time.perf_counter()
     for i, (ids, nx) in enumerate(windows):
         n = min(score_last, len(ids))
         if i == 0: base_kld = kld_eval(model, ids, nx, [v0], chunk, n, profile)[v0.name].summary()["kld"]
         qkv, grads = attention_grads(model.model, ids, layers, n, samples, seed + i)
-        _window_proxy(acc, qkv, grads, fmts, n, chunk, sinks, recent, profile, 1 / len(windows), per_head)
+        _window_proxy(acc, qkv, grads, fmts, n, chunk, sinks, recent, profile, 1 / len(windows), per_head, rotated)
         _progress(log, i + 1, len(windows), time.perf_counter() - t0)
     # one constant for layers and heads: the layers' sums (a head's leaves out the cross terms between heads) to the KLD
     c = base_kld / max(sum(acc.get((_row(l, kv), base), 0.0) for l in layers for kv in "kv"), 1e-30)
     rows = [_row(l, kv) + (f".{h}" if per_head else "") for l in layers for kv in "kv"
             for h in (range(model.geometry.kv_heads) if per_head else [0])]
     change = lambda r, f: c * (acc.get((r, f), 0.0) - acc.get((r, base), 0.0))
-    return base_kld, {r: {f: base_kld + change(r, f) for f in fmts if f != base} for r in rows}
+    sens = {r: {f: base_kld + change(r, f) for f in fmts if f != base} for r in rows}
+    if rotated is None: return base_kld, sens
+    turned = {}                                      # a key row's format (the base too) read rotated where that is lower
+    for r in (r for r in rows if r[0] == "k"):
+        for f in fmts:
+            if (d := change(r, f + TURNED)) < change(r, f): sens[r][f] = base_kld + d; turned.setdefault(r, []).append(f)
+    return base_kld, sens, turned
 
 # %% ../nbs/15_calibrate.ipynb #3e40d3d7
 def calibrate_plan(model, windows:list, budget, # bits per value, or bytes per token ('432B')
@@ -319,6 +344,8 @@ def calibrate_plan(model, windows:list, budget, # bits per value, or bytes per t
                    chunk:int=1024, score_last:int=1024, regime:str="decode", source:str="", log=print,
                    method:str="auto", # `METHODS`: the rows measured exactly, or predicted (`proxy_sensitivity`)
                    per_head:bool=False, # a format per (layer, K/V, KV head) (the proxy only): `'k5.1=tbq2'`
+                   rotated:KeyProfile|None=None, # also choose per key row whether it reads the keys rotated (the proxy only;
+                                                 # `proxy_sensitivity`): the rows are the plan's calibration['rotated_rows']
                   ) -> BitPlan:
     "Measure every row's sensitivity on `windows` and choose the formats of least predicted KLD within `budget`."
     D, layers, how = model.geometry.head_dim, model.cfg.global_layers, _method(method)
@@ -329,15 +356,40 @@ def calibrate_plan(model, windows:list, budget, # bits per value, or bytes per t
     if how == "proxy" and regime != "decode":
         raise ValueError(f"the proxy models the decode regime, not {regime!r}: use method='exact'")
     if per_head and how != "proxy": raise ValueError("a plan per KV head is predicted by the proxy: use method='proxy'")
+    if rotated is not None and how != "proxy":
+        raise ValueError("a plan that chooses the rotation per row is predicted by the proxy: use method='proxy'")
     t0 = time.perf_counter()
     args = (model, windows, base, candidates, profile, sinks, recent, chunk, score_last)
-    if how == "proxy": base_kld, sens = proxy_sensitivity(*args, log=log, per_head=per_head)
+    if how == "proxy": base_kld, sens, *turned = proxy_sensitivity(*args, log=log, per_head=per_head, rotated=rotated)
     else: base_kld, sens = row_sensitivity(*args, regime, log)
     cal = dict(source=source, windows=len(windows), context=max(len(w[0]) for w in windows), score_last=score_last,
                chunk=chunk, regime=regime, window=[sinks, recent], candidates=list(candidates), method=how,
                key_profile=None if profile is None else profile.tag, seconds=round(time.perf_counter() - t0),
                per_head=per_head)
+    if rotated is not None:                          # the key rows whose chosen format the proxy predicted lower rotated
+        chosen = choose_plan(sens, base_kld, base, D, b)[0]
+        cal |= dict(rotated_profile=rotated.tag, rotated_rows=sorted(r for r, f in chosen.items() if f in turned[0].get(r, ())))
     return bit_plan(sens, base_kld, base, D, b, cal)
+
+# %% ../nbs/15_calibrate.ipynb #ca4d3e0f
+def mixed_profile(flat:KeyProfile, # the per-channel profile the plan was measured with
+                  rotated:KeyProfile, # the rotated one it could also read (`calibrate_plan(..., rotated=)`)
+                  plan:BitPlan, # that plan
+                 ) -> KeyProfile: # with the plan; per-channel (no rotation) when no row reads rotated
+    "The per-channel profile with the rotated one's (layer, KV head)s where `plan` reads the keys rotated."
+    rows = plan.calibration.get("rotated_rows")
+    if rows is None: raise ValueError("this plan did not choose the rotation per row: make it with calibrate_plan(..., rotated=)")
+    _check_rotated(flat, rotated)
+    L, H, D = flat.mu.shape
+    take = torch.zeros(L, H, dtype=torch.bool)
+    for r in rows:                                   # 'k5' (every head of layer 5) or 'k5.1'
+        layer, _, head = r[1:].partition(".")
+        take[list(flat.layers).index(int(layer)), int(head) if head else slice(None)] = True
+    take &= rotated.rotated_heads
+    if not take.any(): return flat.with_plan(plan)
+    pick = lambda a, b: torch.where(take.reshape(L, H, *[1] * (a.dim() - 2)), b, a)
+    return dataclasses.replace(rotated, mu=pick(flat.mu, rotated.mu), sigma=pick(flat.sigma, rotated.sigma),
+                               rot=pick(torch.eye(D).expand(L, H, D, D), rotated.rot), plans={}).with_plan(plan)
 
 # %% ../nbs/15_calibrate.ipynb #5b64fd5c
 def calibrate_report(prof:KeyProfile, path:Path) -> dict:

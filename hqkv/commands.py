@@ -232,8 +232,8 @@ def _calibrate_setup(p:argparse.ArgumentParser):
                    help="how sigma is chosen: qk (score-optimal, default) or std")
     p.add_argument("--rotate", action="store_true",
                    help="also a rotation per (layer, KV head) ahead of sigma (hqkv.calibrate.key_rotation), kept per "
-                        "head where tbq2 codes score better; with --budget, the plan is made for the rotated and the "
-                        "per-channel profile (twice the time) and the one the proxy predicts lower is written")
+                        "head where tbq2 codes score better; with --budget, the plan also chooses per key row (per KV "
+                        "head with --per-head) whether it reads the rotated or the per-channel profile (the proxy only)")
     p.add_argument("--chunk", type=int, default=1024, help="tokens per forward of the capture run (default: 1024)")
     g = p.add_argument_group("bit plan",
                              "per-(layer, K/V) formats under a budget, measured on the same text and stored in the "
@@ -288,12 +288,6 @@ def _calibrate_profile(args, model_path:str, text:str, tf:Path):
         if both: return HFModel(lm), *prof
     return HFModel(lm), prof, None
 
-def _keep_lower(args, rotated, flat) -> tuple: # (the profile to write, what was chosen: for the report)
-    "Of the rotated and the per-channel profile (each with its plan), the one whose plan the proxy predicts lower."
-    a, b = (p.plan_for(args.plan_format).predicted_kld for p in (rotated, flat))
-    keep = rotated if a < b else flat
-    return keep, dict(kept="rotated" if keep is rotated else "per channel", predicted_rotated=a, predicted_per_channel=b)
-
 # %% ../nbs/42a_commands.ipynb #1a56326d
 def _plan_notice(model, args, n_cands:int, n_wins:int):
     "Before a plan is measured: what it will run, and how long that takes."
@@ -308,9 +302,10 @@ def _plan_notice(model, args, n_cands:int, n_wins:int):
               f"({rows} rows x {n_cands} formats + the base): expect about {1 + rows * n_cands} times one evaluation's "
               "time; --plan-method proxy takes one", flush=True)
 
-def _calibrate_plan(args, model, prof, text:str, tf:Path, cfg):
+def _calibrate_plan(args, model, prof, text:str, tf:Path, cfg, rotated=None):
     "The profile with a bit plan measured on windows of the text (`hqkv.calibrate.calibrate_plan`)."
-    from hqkv.calibrate import calibrate_plan
+    # with `rotated`, the plan chooses per key row which of the two profiles it reads (`mixed_profile`)
+    from hqkv.calibrate import calibrate_plan, mixed_profile
     from hqkv.quality import text_windows
     ids = model.tokenizer.encode(text, add_bos=False)
     if args.plan_context > model.cfg.max_position:
@@ -320,8 +315,9 @@ def _calibrate_plan(args, model, prof, text:str, tf:Path, cfg):
     if not args.json: _plan_notice(model, args, len(cands), len(wins))
     bp = calibrate_plan(model, wins, args.budget, args.plan_format, cands, prof, cfg.window_sinks, cfg.window_recent,
                         method=args.plan_method, chunk=min(1024, args.plan_context), per_head=args.per_head,
-                        score_last=min(1024, args.plan_context), source=tf.name, log=None if args.json else print)
-    return prof.with_plan(bp)
+                        score_last=min(1024, args.plan_context), source=tf.name, log=None if args.json else print,
+                        rotated=rotated)
+    return prof.with_plan(bp) if rotated is None else mixed_profile(prof, rotated, bp)
 
 # %% ../nbs/42a_commands.ipynb #505e6140
 def _check_out(out:Path, force:bool):
@@ -352,6 +348,9 @@ def _calibrate_run(args) -> int:
         from hqkv.codec import codec_class
         parse_bit_budget(args.budget, 1)                                      # unreadable: fails before the model loads
         for f in [args.plan_format] + args.candidates.split(","): codec_class(f)
+        from hqkv.calibrate import _method
+        if args.rotate and _method(args.plan_method) == "exact":
+            raise ValueError("--rotate --budget chooses the rotation per key row by the proxy: use --plan-method proxy")
         if args.plan_windows < 1 or args.plan_context < 128:
             raise ValueError(f"--plan-windows must be >= 1 and --plan-context >= 128, got {args.plan_windows} and "
                              f"{args.plan_context}")
@@ -359,10 +358,12 @@ def _calibrate_run(args) -> int:
     except UnicodeDecodeError as e: raise ValueError(f"text file {tf} is not UTF-8 (offset {e.start})") from None
     if args.out: _check_out(Path(args.out), args.force)  # before the model loads: a bad --out fails at once
     cfg = config_from_args(args)
-    model, prof, flat = _calibrate_profile(args, cfg.model, text, tf)
+    model, prof, flat = _calibrate_profile(args, cfg.model, text, tf)   # --rotate --budget: the rotated, the per-channel
     choice = None
-    if args.budget is not None: prof = _calibrate_plan(args, model, prof, text, tf, cfg)
-    if flat is not None: prof, choice = _keep_lower(args, prof, _calibrate_plan(args, model, flat, text, tf, cfg))
+    if flat is not None:                              # one plan that picks, per key row, the profile it reads
+        prof = _calibrate_plan(args, model, flat, text, tf, cfg, rotated=prof)
+        choice = dict(rotated_rows=prof.plan_for(args.plan_format).calibration["rotated_rows"])
+    elif args.budget is not None: prof = _calibrate_plan(args, model, prof, text, tf, cfg)
     out = Path(args.out) if args.out else profile_path(prof.model)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
@@ -377,8 +378,8 @@ def _calibrate_run(args) -> int:
         for i, l in enumerate(prof.layers):
             print(f"  layer {l}: |mu| max {r['mu_abs_max'][i]:g}, sigma min/median/max {r['sigma_min'][i]:g} / "
                   f"{r['sigma_median'][i]:g} / {r['sigma_max'][i]:g}")
-        if choice: print(f"  rotation: the plans predict {choice['predicted_rotated']:.4f} rotated, "
-                         f"{choice['predicted_per_channel']:.4f} per channel: wrote the {choice['kept']} profile")
+        if choice: print(f"  rotation: the plan reads {len(choice['rotated_rows'])} key rows rotated "
+                         f"({', '.join(choice['rotated_rows']) or 'none'}), the rest per channel")
         for base in prof.plans:
             bp = prof.plan_for(base)
             print(f"  bit plan for {base} at {bp.budget_bits:g} bits: {bp.tag}, calibration KLD {bp.base_kld:.4f} -> "
