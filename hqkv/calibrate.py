@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 from .models.identity import ModelIdentity
-from .bitplan import CANDIDATES, BitPlan, bit_plan, choose_plan, format_bits, parse_bit_budget, _row
+from .bitplan import CANDIDATES, BitPlan, bit_plan, format_bits, parse_bit_budget, _row
+from .layer_formats import parse_layer_formats, _label
 from .keyprofile import KeyProfile
 from .codec import get_codec, asked_codec_opts
 from .keystats import profile_stats, rotated_profile
@@ -366,10 +367,11 @@ def calibrate_plan(model, windows:list, budget, # bits per value, or bytes per t
                chunk=chunk, regime=regime, window=[sinks, recent], candidates=list(candidates), method=how,
                key_profile=None if profile is None else profile.tag, seconds=round(time.perf_counter() - t0),
                per_head=per_head)
-    if rotated is not None:                          # the key rows whose chosen format the proxy predicted lower rotated
-        chosen = choose_plan(sens, base_kld, base, D, b)[0]
-        cal |= dict(rotated_profile=rotated.tag, rotated_rows=sorted(r for r, f in chosen.items() if f in turned[0].get(r, ())))
-    return bit_plan(sens, base_kld, base, D, b, cal)
+    plan = bit_plan(sens, base_kld, base, D, b, cal)
+    if rotated is None: return plan
+    chosen = {f"k{_label(l)}": f for l, f in plan.key_formats}   # the key rows' formats (the rest: the base)
+    rows = sorted(r for r, fs in turned[0].items() if chosen.get(r, base) in fs)   # ... where the proxy read them rotated
+    return dataclasses.replace(plan, calibration={**cal, "rotated_profile": rotated.tag, "rotated_rows": rows})
 
 # %% ../nbs/15_calibrate.ipynb #ca4d3e0f
 def mixed_profile(flat:KeyProfile, # the per-channel profile the plan was measured with
@@ -382,9 +384,9 @@ def mixed_profile(flat:KeyProfile, # the per-channel profile the plan was measur
     _check_rotated(flat, rotated)
     L, H, D = flat.mu.shape
     take = torch.zeros(L, H, dtype=torch.bool)
-    for r in rows:                                   # 'k5' (every head of layer 5) or 'k5.1'
-        layer, _, head = r[1:].partition(".")
-        take[list(flat.layers).index(int(layer)), int(head) if head else slice(None)] = True
+    for l, _ in parse_layer_formats(",".join(f"{r}={plan.base}" for r in rows), kv=True)[0]:   # 'k5' (all heads) or 'k5.1'
+        layer, head = l if isinstance(l, tuple) else (l, slice(None))
+        take[list(flat.layers).index(layer), head] = True
     take &= rotated.rotated_heads
     if not take.any(): return flat.with_plan(plan)
     pick = lambda a, b: torch.where(take.reshape(L, H, *[1] * (a.dim() - 2)), b, a)
