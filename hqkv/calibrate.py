@@ -152,20 +152,21 @@ def row_sensitivity(model, # an `hqkv.quality.HFModel`
 PROXY_ATTN = "hqkv_proxy"   # the attention implementation `attention_grads` runs the model with
 
 class _GradRecorder:
-    "Each chosen layer's q, k, v (float32, batch 0) and the zero tensor added to its output (for its gradient)."
-    def __init__(self, layers): self.layers, self.qkv, self.delta = set(layers), {}, {}
+    "Each chosen layer's q, k, v (float32, batch 0) and the zero tensor added to its scored output (for its gradient)."
+    def __init__(self, layers): self.layers, self.qkv, self.delta, self.q0 = set(layers), {}, {}, {}
 
 def _proxy_attention(module, query, key, value, attention_mask, **kwargs):
     "transformers attention function: SDPA, its inputs recorded and a zero leaf added to its output."
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     r = _recorder(kwargs, PROXY_ATTN)                     # the `_GradRecorder`, a forward keyword
     out, w = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    if module.layer_idx in r.layers:
-        scale = kwargs.get("scaling") or module.scaling
-        r.qkv[module.layer_idx] = (*(x.detach()[0].float() for x in (query, key, value)), scale)
-        r.delta[module.layer_idx] = d = torch.zeros_like(out, requires_grad=True)
-        out = out + d
-    return out, w
+    if (l := module.layer_idx) not in r.layers: return out, w
+    q = query.detach()[0].float()
+    if not torch.is_grad_enabled(): r.q0[l] = q; return out, w      # the unscored prefix: its queries only
+    if l in r.q0: q = torch.cat([r.q0.pop(l), q], 1)
+    r.qkv[l] = (q, key.detach()[0].float(), value.detach()[0].float(), kwargs.get("scaling") or module.scaling)
+    r.delta[l] = d = torch.zeros_like(out, requires_grad=True)
+    return out + d, w
 
 # %% ../nbs/15_calibrate.ipynb #b0dd7846
 def attention_grads(model, # a transformers causal LM
@@ -174,8 +175,10 @@ def attention_grads(model, # a transformers causal LM
                     score_last:int, # positions whose next-token log-likelihood is differentiated
                     samples:int=2, # tokens drawn per position from the model's distribution
                     seed:int=0,
-                   ) -> tuple[dict, dict]: # {layer: (q [Hq,N,D], k [Hkv,N,D], v, scale)}, {layer: [g [N,Hq,D]]}
-    "One forward; per sample, the gradient of the drawn tokens' log-likelihood at each layer's attention output."
+                   ) -> tuple[dict, dict]: # {layer: (q [Hq,N,D], k [Hkv,N,D], v, scale)}, {layer: [g [n,Hq,D]]}
+    "One forward; per sample, the gradient of the drawn tokens' log-likelihood at the scored attention outputs."
+    # g: at the last n = score_last positions. They read the earlier positions' keys and values, which nothing scored
+    # changes (causal), so the prefix runs first without a graph and the backward passes cover the n positions only
     params = [p for p in model.parameters() if p.requires_grad]
     try:
         for p in params: p.requires_grad_(False)                        # gradients at the outputs only
@@ -187,8 +190,13 @@ def attention_grads(model, # a transformers causal LM
 
 # %% ../nbs/15_calibrate.ipynb #73d80a35
 def _sampled_grads(model, ids, rec, layers, n, samples, seed) -> dict:
-    dev = next(model.parameters()).device
-    lp = torch.log_softmax(model(input_ids=torch.as_tensor(ids)[None].to(dev), use_cache=False, logits_to_keep=n,
+    from transformers import DynamicCache
+    ids = torch.as_tensor(ids)[None].to(next(model.parameters()).device); N = ids.shape[1]
+    cache = DynamicCache(config=model.config) if N > n else None
+    if cache is not None:
+        with torch.no_grad(): model(input_ids=ids[:, :N - n], cache=cache, use_cache=True, logits_to_keep=1,
+                                    **{_REC_KWARG: rec})
+    lp = torch.log_softmax(model(input_ids=ids[:, N - n:], cache=cache, use_cache=cache is not None, logits_to_keep=n,
                                  **{_REC_KWARG: rec}).logits[0].float(), -1)
     missing = [l for l in layers if l not in rec.delta]
     if missing: raise ValueError(f"attention_grads: layers {missing} did not run the recording attention")
@@ -235,21 +243,24 @@ def coded_errors(q:Tensor, k:Tensor, v:Tensor, # [Hq, n, D] queries at positions
                  codes:dict, # `row_codes`
                 ) -> dict: # {("k" | "v", format): output error [n, Hq, D]}
     "The attention output's error when the keys, or the values, that the queries read from the codes are decoded rows."
-    Hq, n, D = q.shape; Hk = k.shape[0]
-    qs = q.reshape(Hk, Hq // Hk, n, D)
-    s0 = torch.einsum("hgnd,hjd->hgnj", qs, k) * scale
-    s0 = s0.masked_fill(torch.arange(k.shape[1])[None] > qpos[:, None], float("-inf"))      # causal
+    Hq, n, D = q.shape; Hk = k.shape[0]; m = int(qpos.max()) + 1  # keys 0..m-1: the later ones no query reads
+    qs, k, v, coded = q.reshape(Hk, Hq // Hk, n, D) * scale, k[:, :m], v[:, :m], coded[:, :m]
+    s0 = torch.einsum("hgnd,hjd->hgnj", qs, k)
+    s0 = s0.masked_fill(torch.arange(m)[None] > qpos[:, None], float("-inf"))                # causal
     p0 = torch.softmax(s0, -1)
-    o0, out = p0 @ v[:, None], {}
+    o0, out, pc = p0 @ v[:, None], {}, None
     flat = lambda e: e.reshape(Hq, n, D).transpose(0, 1)              # query head h = KV head x group + g
     for (kv, f), x in codes.items():
-        if kv == "v": out[kv, f] = flat((p0 * coded) @ (x - v)[:, None]); continue
-        s1 = torch.where(coded, torch.einsum("hgnd,hjd->hgnj", qs, x) * scale, s0)
+        if kv == "v":
+            pc = p0 * coded if pc is None else pc                     # the coded rows' weights, one for every format
+            out[kv, f] = flat(pc @ (x[:, :m] - v)[:, None]); continue
+        s1 = torch.where(coded, torch.einsum("hgnd,hjd->hgnj", qs, x[:, :m]), s0)
         out[kv, f] = flat(torch.softmax(s1, -1) @ v[:, None] - o0)
     return out
 
 # %% ../nbs/15_calibrate.ipynb #0432cc58
 TURNED = "@rot"   # a key format read through the rotated profile, in the proxy's sums ('tbq2@rot')
+_BLOCK_FLOATS = 2**22   # the proxy's score blocks: [query heads, queries, keys] of about this many floats (16 MB)
 
 def _check_rotated(profile, rotated):
     "A rotated alternative needs the per-channel profile beside it, measured on the same layers and heads."
@@ -271,13 +282,14 @@ def _window_proxy(acc:dict, qkv:dict, grads:dict, fmts, n:int, chunk:int, sinks:
         codes = row_codes(k, v, fmts, *(() if profile is None else _layer_profile(profile, l)))
         if rotated is not None:
             codes |= {("k", f + TURNED): x for (_, f), x in row_codes(k, None, fmts, *_layer_profile(rotated, l)).items()}
-        N = k.shape[1]
-        for a in range(N - n, N, 1024):                               # the scored queries, [heads, 1024, N] at a time
-            qpos = torch.arange(a, min(N, a + 1024))
+        N = k.shape[1]; step = max(16, _BLOCK_FLOATS // (q.shape[0] * N))
+        for a in range(N - n, N, step):                               # the scored queries, [heads, step, N] at a time
+            qpos = torch.arange(a, min(N, a + step))
             coded = coded_reads(qpos, N, N - n, chunk, sinks, recent)
             if not coded.any(): continue
             for (kv, f), e in coded_errors(q[:, qpos], k, v, scale, qpos, coded, codes).items():
-                ge = [(g[qpos] * e).sum(-1).reshape(len(qpos), k.shape[0], -1).sum(-1) for g in grads[l]]   # [nq, Hkv]
+                ge = [(g[qpos - (N - n)] * e).sum(-1).reshape(len(qpos), k.shape[0], -1).sum(-1)    # [nq, Hkv]
+                      for g in grads[l]]
                 add = lambda r, x: acc.__setitem__((r, f), acc.get((r, f), 0.0) + w * 0.5 * x / n)
                 add(_row(l, kv), sum(float((x.sum(1) ** 2).sum()) for x in ge) / len(ge))
                 for h in range(k.shape[0]) if per_head else ():
