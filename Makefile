@@ -94,7 +94,8 @@ bench-weights: $(STAMP)
 ## KJV, time), then `hqkv calibrate --budget 2.5` for SmolLM2 and Qwen2.5 writing the profiles that ship in hqkv/data
 ## (nbs/studies/59b_plan_proxy's slow cells -> nbs/results/plan_proxy.json), then their per-head plans on those profiles,
 ## which ship (nbs/studies/59e_per_head_plan -> nbs/results/per_head_plan.json), then the same with a rotated profile
-## (`hqkv calibrate --rotate`), which ships where it measures lower (nbs/studies/59f_key_rotation -> key_rotation.json)
+## (`hqkv calibrate --rotate`), which ships where it measures lower (nbs/studies/59f_key_rotation -> key_rotation.json),
+## and that command's time as a user runs it (-> calibrate_time.json)
 bench-plan: $(STAMP) bench-texts
 	$(BIN)/nbdev-test --n-workers 1 --flags slow --timing --cell-timeout 7200 nbs/studies/59b_plan_proxy.ipynb
 	$(BIN)/nbdev-test --n-workers 1 --flags slow --timing --cell-timeout 7200 nbs/studies/59e_per_head_plan.ipynb
