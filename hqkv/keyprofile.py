@@ -24,8 +24,9 @@ __all__ = ['PROFILE_FORMAT', 'PROFILE_VERSION', 'READ_VERSIONS', 'MODES', 'PROFI
 
 # %% ../nbs/14b_keyprofile.ipynb #95eab168
 PROFILE_FORMAT = "hqkv.key_profile"   # the file's format tag
-PROFILE_VERSION = 2                   # bumped when the meaning of mu/sigma changes (2: an optional rotation)
-READ_VERSIONS = (1, 2)                # the file versions this hqkv reads (1: no rotation)
+PROFILE_VERSION = 3                   # bumped when the meaning of mu/sigma changes (2: an optional rotation) or the
+                                      # file's layout does (3: the rotation of the rotated heads only)
+READ_VERSIONS = (1, 2, 3)             # the file versions this hqkv reads (1: no rotation)
 MODES = ("qk", "std")                 # how sigma is chosen (see `profile_stats`)
 
 def _check_slot(slot, n):
@@ -60,7 +61,7 @@ def _check_profile(p):
     if p.rot is not None: _check_rot(p)
 
 def _check_rot(p):
-    "The rotation: float [n_attn_layers, kv_heads, head_dim, head_dim], orthogonal, in a version-2 profile."
+    "The rotation: float [n_attn_layers, kv_heads, head_dim, head_dim], orthogonal, in a profile of version 2 or later."
     r, (L, H, D) = p.rot, p.mu.shape
     if not isinstance(r, Tensor) or not r.is_floating_point() or tuple(r.shape) != (L, H, D, D):
         raise TypeError(f"KeyProfile.rot must be a float tensor [{L}, {H}, {D}, {D}] or None, got "
@@ -68,7 +69,7 @@ def _check_rot(p):
     p.rot = r.detach().to(torch.float32).contiguous()
     err = float((p.rot.transpose(-1, -2) @ p.rot - torch.eye(D, device=p.rot.device)).abs().amax())
     if not err < 1e-4: raise ValueError(f"KeyProfile.rot must be orthogonal (|R^T R - I| = {err:.2g})")
-    if p.version < 2: raise ValueError(f"KeyProfile version {p.version} has no rotation (version 2 does)")
+    if p.version < 2: raise ValueError(f"KeyProfile version {p.version} has no rotation (versions 2 and later do)")
     if (not isinstance(p.plans, dict)
             or not all(isinstance(k, str) and isinstance(v, dict) for k, v in p.plans.items())):
         raise TypeError(f"KeyProfile.plans must map a base format to a plan dict, got {p.plans!r}")
@@ -168,13 +169,26 @@ def meta(self:KeyProfile) -> dict:
 
 @patch
 def save(self:KeyProfile, path:str|Path) -> Path:
-    "Write the profile (float32 tensors and a JSON string) with `torch.save`."
+    "Write the profile (float32 tensors and a JSON string) with `torch.save`, in this hqkv's file version."
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    rot = {} if self.rot is None else {"rot": self.rot.cpu()}
+    heads = self.rotated_heads                                  # the identity of the other heads is not stored
+    rot = {} if self.rot is None else {"rot": self.rot.cpu()[heads].contiguous(), "rot_heads": heads}
     torch.save({"format": PROFILE_FORMAT, "mu": self.mu.cpu(), "sigma": self.sigma.cpu(), **rot,
-                "meta": json.dumps(self.meta(), sort_keys=True)}, p)
+                "meta": json.dumps(self.meta() | dict(version=PROFILE_VERSION), sort_keys=True)}, p)
     return p
+
+def _read_rot(b:dict, version:int, p:Path) -> Tensor|None:
+    "The file's rotation as `KeyProfile.rot` holds it: version 3 stores the rotated heads' only."
+    r = b.get("rot")
+    if r is None or version < 3: return r
+    heads, (L, H, D) = b["rot_heads"], b["mu"].shape
+    if heads.dtype != torch.bool or tuple(heads.shape) != (L, H) or tuple(r.shape) != (int(heads.sum()), D, D):
+        raise ValueError(f"{p}: the key profile file is damaged (rot {tuple(r.shape)} does not match rot_heads "
+                         f"{tuple(heads.shape)}, {int(heads.sum())} set)")
+    full = torch.eye(D).repeat(L, H, 1, 1)
+    full[heads] = r.float()
+    return full
 
 @patch(cls_method=True)
 def load(cls:KeyProfile, path:str|Path) -> KeyProfile:
@@ -191,7 +205,7 @@ def load(cls:KeyProfile, path:str|Path) -> KeyProfile:
             raise ValueError(f"{p}: key profile version {m.get('version')!r}, this hqkv reads versions "
                              f"{READ_VERSIONS}")
         prof = cls(b["mu"], b["sigma"], ModelIdentity(**m["model"]), tuple(m["layers"]), m["source"], m["n_tokens"],
-                   m["mode"], m["rotation_seed"], m["version"], m.get("plans", {}), b.get("rot"))
+                   m["mode"], m["rotation_seed"], m["version"], m.get("plans", {}), _read_rot(b, m["version"], p))
         for base in prof.plans:
             try: prof.plan_for(base)
             except ValueError as e: raise ValueError(f"{p}: the {base} plan: {e}") from None
