@@ -190,6 +190,8 @@ def _read_rot(b:dict, version:int, p:Path) -> Tensor|None:
     full[heads] = r.float()
     return full
 
+
+# %% ../nbs/14b_keyprofile.ipynb #eeb1be38
 @patch(cls_method=True)
 def load(cls:KeyProfile, path:str|Path) -> KeyProfile:
     "Read a profile written by `save`; anything else is refused with a message naming the file."
