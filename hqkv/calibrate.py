@@ -298,6 +298,14 @@ def _window_proxy(acc:dict, qkv:dict, grads:dict, fmts, n:int, chunk:int, sinks:
 # %% ../nbs/15_calibrate.ipynb #d1840ea6
 METHODS = ("auto", "proxy", "exact")   # how a plan measures the rows: auto = proxy
 
+def _minutes(s:float) -> str: return f"{s:.0f} s" if s < 60 else f"{int(s // 60)} min {round(s % 60):02d} s"
+
+def _estimate(log, times:dict, grads:float, layer:float, L:int, windows:list, spent:float):
+    "The proxy's time from its first steps at full size: the base's KLD, then per window its gradients and L layers' sums."
+    times["estimate"] = times["base"] + (grads + L * layer) * sum(len(w[0]) for w in windows) / len(windows[0][0])
+    if log: log(f"plan proxy: about {_minutes(times['estimate'])} in all, {_minutes(max(0.0, times['estimate'] - spent))} "
+                "left (from the base's evaluation, the first window's gradients and one layer's sums)")
+
 def _progress(log, done:int, total:int, seconds:float, what:str="plan proxy"):
     "One line per calibration window: how far, how long, and about how long is left."
     if log: log(f"{what}: window {done}/{total}, {seconds:.0f} s, about {seconds / done * (total - done):.0f} s left")
@@ -319,6 +327,7 @@ def proxy_sensitivity(model, # an `hqkv.quality.HFModel` (a transformers model)
                       # a rotated profile of the same keys (`calibrate_hf(rotate="both")[0]`): a key row may read its
                       # keys through it instead of `profile`, whichever the proxy predicts lower, per format
                       rotated:KeyProfile|None=None,
+                      times:dict|None=None, # filled with seconds: 'base' (the base's KLD), 'windows' (each), 'estimate'
                      ) -> tuple: # (base KLD, {row: {format: predicted KLD}}), as `row_sensitivity`; with `rotated`
                                  # also {key row: [the formats it reads rotated]}
     "`row_sensitivity`'s numbers predicted from attention-output errors and logit gradients, tied to the base's KLD."
@@ -332,11 +341,19 @@ def proxy_sensitivity(model, # an `hqkv.quality.HFModel` (a transformers model)
     if rotated is not None: _check_rotated(profile, rotated)
     v0 = KVVariant(base, window=bool(sinks or recent), key_profile=profile is not None, sinks=sinks, recent=recent)
     acc, base_kld, t0 = {}, 0.0, time.perf_counter()
+    times = {} if times is None else times; times["windows"] = []
     for i, (ids, nx) in enumerate(windows):
         n = min(score_last, len(ids))
-        if i == 0: base_kld = kld_eval(model, ids, nx, [v0], chunk, n, profile)[v0.name].summary()["kld"]
+        if i == 0:
+            base_kld = kld_eval(model, ids, nx, [v0], chunk, n, profile)[v0.name].summary()["kld"]
+            times["base"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
         qkv, grads = attention_grads(model.model, ids, layers, n, samples, seed + i)
-        _window_proxy(acc, qkv, grads, fmts, n, chunk, sinks, recent, profile, 1 / len(windows), per_head, rotated)
+        for j, l in enumerate(qkv):                                  # a layer at a time: the first times the rest
+            t2 = time.perf_counter()
+            _window_proxy(acc, {l: qkv[l]}, grads, fmts, n, chunk, sinks, recent, profile, 1 / len(windows), per_head, rotated)
+            if i == j == 0: _estimate(log, times, t2 - t1, time.perf_counter() - t2, len(qkv), windows, time.perf_counter() - t0)
+        times["windows"].append(time.perf_counter() - t1)
         _progress(log, i + 1, len(windows), time.perf_counter() - t0)
     # one constant for layers and heads: the layers' sums (a head's leaves out the cross terms between heads) to the KLD
     c = base_kld / max(sum(acc.get((_row(l, kv), base), 0.0) for l in layers for kv in "kv"), 1e-30)
@@ -373,12 +390,13 @@ def calibrate_plan(model, windows:list, budget, # bits per value, or bytes per t
         raise ValueError("a plan that chooses the rotation per row is predicted by the proxy: use method='proxy'")
     t0 = time.perf_counter()
     args = (model, windows, base, candidates, profile, sinks, recent, chunk, score_last)
-    if how == "proxy": base_kld, sens, *turned = proxy_sensitivity(*args, log=log, per_head=per_head, rotated=rotated)
+    t = {}
+    if how == "proxy": base_kld, sens, *turned = proxy_sensitivity(*args, log=log, per_head=per_head, rotated=rotated, times=t)
     else: base_kld, sens = row_sensitivity(*args, regime, log)
     cal = dict(source=source, windows=len(windows), context=max(len(w[0]) for w in windows), score_last=score_last,
                chunk=chunk, regime=regime, window=[sinks, recent], candidates=list(candidates), method=how,
                key_profile=None if profile is None else profile.tag, seconds=round(time.perf_counter() - t0),
-               per_head=per_head)
+               per_head=per_head) | ({"estimated_seconds": round(t["estimate"])} if "estimate" in t else {})
     plan = bit_plan(sens, base_kld, base, D, b, cal)
     if rotated is None: return plan
     chosen = {f"k{_label(l)}": f for l, f in plan.key_formats}   # the key rows' formats (the rest: the base)

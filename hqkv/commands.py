@@ -295,8 +295,8 @@ def _plan_notice(model, args, n_cands:int, n_wins:int):
     rows = 2 * len(model.cfg.global_layers)
     if _method(args.plan_method) == "proxy":
         print(f"bit plan (proxy): {n_wins} windows of {args.plan_context:,} tokens: one evaluation of the base format, "
-              "then per window one forward + 2 backward passes; progress and the time left after each window",
-              flush=True)
+              "then per window one forward + 2 backward passes; how long it takes in all once the first window's "
+              "gradients and one layer are done, then the time left after each window", flush=True)
     else:
         print(f"bit plan (exact): {n_wins} windows x {1 + rows * n_cands} KLD runs of {args.plan_context:,} tokens "
               f"({rows} rows x {n_cands} formats + the base): expect about {1 + rows * n_cands} times one evaluation's "
@@ -334,7 +334,7 @@ def _check_out(out:Path, force:bool):
 
 # %% ../nbs/42a_commands.ipynb #a53246a2
 def _calibrate_run(args) -> int:
-    from hqkv.calibrate import calibrate_report
+    from hqkv.calibrate import calibrate_report, _minutes
     from hqkv.keyprofile import profile_path
     tf = Path(args.text_file)
     if not tf.is_file(): raise ValueError(f"text file {tf} does not exist")
@@ -382,8 +382,10 @@ def _calibrate_run(args) -> int:
                          f"({', '.join(choice['rotated_rows']) or 'none'}), the rest per channel")
         for base in prof.plans:
             bp = prof.plan_for(base)
+            made, est = bp.calibration.get("seconds"), bp.calibration.get("estimated_seconds")
             print(f"  bit plan for {base} at {bp.budget_bits:g} bits: {bp.tag}, calibration KLD {bp.base_kld:.4f} -> "
-                  f"predicted {bp.predicted_kld:.4f}")
+                  f"predicted {bp.predicted_kld:.4f}" + ("" if made is None else f", measured in {_minutes(made)}")
+                  + ("" if est is None else f" (estimated {_minutes(est)})"))
     return 0
 
 register_command("calibrate", "measure a model's key profile (per-channel key mean and scale) on a text",
