@@ -298,7 +298,7 @@ def _window_proxy(acc:dict, qkv:dict, grads:dict, fmts, n:int, chunk:int, sinks:
 # %% ../nbs/15_calibrate.ipynb #d1840ea6
 METHODS = ("auto", "proxy", "exact")   # how a plan measures the rows: auto = proxy
 
-def _minutes(s:float) -> str: return f"{s:.0f} s" if s < 60 else f"{int(s // 60)} min {round(s % 60):02d} s"
+def _minutes(s:float) -> str: s = round(s); return f"{s} s" if s < 60 else f"{s // 60} min {s % 60:02d} s"
 
 def _estimate(log, times:dict, grads:float, layer:float, L:int, windows:list, spent:float):
     "The proxy's time from its first steps at full size: the base's KLD, then per window its gradients and L layers' sums."
