@@ -308,7 +308,7 @@ def _estimate(log, times:dict, grads:float, layer:float, L:int, windows:list, sp
 
 def _progress(log, done:int, total:int, seconds:float, what:str="plan proxy"):
     "One line per calibration window: how far, how long, and about how long is left."
-    if log: log(f"{what}: window {done}/{total}, {seconds:.0f} s, about {seconds / done * (total - done):.0f} s left")
+    if log: log(f"{what}: window {done}/{total}, {_minutes(seconds)}, about {_minutes(seconds / done * (total - done))} left")
 
 def _method(method:str) -> str:
     if method not in METHODS: raise ValueError(f"method must be one of {METHODS}, got {method!r}")
