@@ -17,9 +17,9 @@
 enum { FMT_BF16 = 0, FMT_E8 = 1, FMT_Q8_0 = 2, FMT_Q4_0 = 3, FMT_TBQ4 = 4, FMT_TBQ3 = 5, FMT_TBQ2 = 6, FMT_COUNT = 7 };
 static const int BLK = 64;                    // rows per block (and at most one page)
 
-// the next head's hq-e8-2b rows (72 bytes at D 256, too short for prefetch_rows): item() names them before each head, and the
-// AVX-512 kernels (through their format's `ahead`) prefetch a few at a time while they work on this head's: score 8 per 16
-// rows, accum one every other row. A head's rows are 1-2 lines every H rows, in pages apart, which the hardware prefetchers
+// the next head's coded rows (hq-e8-2b: 72 bytes at D 256; rows under 128 bytes are too short for prefetch_rows): item()
+// names them before each head, and the kernels (through their format's `ahead`) prefetch a few at a time while they work on
+// this head's: score half the rows, accum (its first pass) the other half. A head's rows are 1-2 lines every H rows, in pages apart, which the hardware prefetchers
 // do not follow (measured: 5-11% less time at 8K, D 128-256, G 1-4); one burst of them all stalls on the line fill buffers
 struct Ahead { const uint8_t* base[2]; int64_t stride[2], rb[2]; int n = 0, next = 0; };   // one per thread (Fmt::ahead)
 static inline void ahead_rows(Ahead* ap, int rows) {
@@ -235,6 +235,7 @@ template<class F, int G> static void score(const Fmt& f, const uint8_t* base, in
     prefetch_rows(base, stride, f.row_bytes, 0, std::min(n, AHEAD));
     for (; i + RB <= n; i += RB) {
         prefetch_rows(base, stride, f.row_bytes, std::min(n, i + AHEAD), std::min(n, i + AHEAD + RB));
+        ahead_rows(f.ahead, (RB + 1) / 2);
         __m256 acc[8];
         for (int k = 0; k < 8; ++k) acc[k] = _mm256_setzero_ps();
         typename F::R rr[RB];
@@ -274,6 +275,7 @@ template<int BITS, int G> static void score_tbq(const Fmt& f, const uint8_t* bas
     const __m256 lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps(f.tab), _mm256_and_si256(lane, _mm256_set1_epi32((1 << BITS) - 1)));
     const __m256 hi = _mm256_loadu_ps(f.tab + 8);   // tbq4's centroids 8..15
     for (int i0 = 0; i0 < n; i0 += 8) {       // rows past n: the last row again (s has room for them; never read)
+        ahead_rows(f.ahead, 4);
         const __m256i off = _mm256_mullo_epi32(_mm256_min_epi32(_mm256_add_epi32(lane, _mm256_set1_epi32(i0)), _mm256_set1_epi32(n - 1)),
                                                _mm256_set1_epi32((int)stride));
         __m256 acc[G];
@@ -314,6 +316,7 @@ template<class F, int G> static void accum(const Fmt& f, const uint8_t* base, in
         const bool one = f.blk[c0] == f.blk[c0 + CB - 1];   // the chunk's groups share a scale: once per row
         for (int i = 0; i < n; ++i) {
             if (c0 == 0) prefetch_rows(base, stride, f.row_bytes, std::min(n, i + AHEAD), std::min(n, i + AHEAD + 1));
+            if (c0 == 0 && (i & 1) == 0) ahead_rows(f.ahead, 1);
             typename F::R r = F::row(base + i * stride, f, sc, i);
             __m256 w[G];
             for (int g = 0; g < G; ++g) w[g] = _mm256_broadcast_ss(p + g * BLK + i);
@@ -626,6 +629,7 @@ template<int BITS, int G> static void score_tbq(const Fmt& f, const uint8_t* bas
     const __m512 tab = tbq_table<BITS>(f);
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for (int i0 = 0; i0 < n; i0 += 16) {      // rows past n: the last row again (s has room for them; never read)
+        ahead_rows(f.ahead, 8);
         const __m512i off = _mm512_mullo_epi32(_mm512_min_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(i0)), _mm512_set1_epi32(n - 1)),
                                                _mm512_set1_epi32((int)stride));
         __m512 tot[G];
@@ -675,6 +679,7 @@ template<int BITS, int G> static void accum_tbq(const Fmt& f, const uint8_t* bas
         __m512 a[G][K];
         for (int g = 0; g < G; ++g) for (int k = 0; k < K; ++k) a[g][k] = _mm512_loadu_ps(acc + g * f.D + 16 * (c0 + k));
         for (int i = 0; i < n; ++i) {
+            if (c0 == 0 && (i & 1) == 0) ahead_rows(f.ahead, 1);
             const uint8_t* row = base + i * stride;
             __m512 w1[G];
             if (one) for (int g = 0; g < G; ++g) w1[g] = _mm512_set1_ps(wk[0][g * BLK + i]);
@@ -920,7 +925,8 @@ static const AccumFn ACCUM_E8_INT[3][8] = {HQKV_G8(v512::accum), HQKV_G8(v2::acc
 // hq-e8-2b as int8 (hqkv.attention_cpu.integer_keys): D a multiple of 64; on AVX2 (v2, v2vnni) also D >= 128, where they are
 // faster than the AVX2 floats (at D 64 with GQA 4 they were 10-15% slower: per row and head overheads over 2 chunks)
 static bool int_rows(const Fmt& f) { return f.kind == FMT_E8 && f.D % 64 == 0 && (g_isa == 2 || (g_isa >= 3 && f.D >= 128)); }
-static int64_t ahead_of(const Fmt& f) { return int_rows(f) ? f.row_bytes : 0; }   // the rows the integer kernels prefetch (Ahead)
+// the rows the kernels prefetch for the next head (Ahead): hq-e8-2b as integers, and every row under 128 bytes
+static int64_t ahead_of(const Fmt& f) { return int_rows(f) || (g_isa >= 1 && f.row_bytes < 128) ? f.row_bytes : 0; }
 static bool int_keys(const Fmt& kf) { return int_rows(kf); }
 static bool int_values(const Fmt& vf) { return int_rows(vf); }
 
