@@ -19,8 +19,9 @@ static const int BLK = 64;                    // rows per block (and at most one
 
 // the next head's coded rows (hq-e8-2b: 72 bytes at D 256; rows under 128 bytes are too short for prefetch_rows): item()
 // names them before each head, and the kernels (through their format's `ahead`) prefetch a few at a time while they work on
-// this head's: score half the rows, accum (its first pass) the other half. A head's rows are 1-2 lines every H rows, in pages apart, which the hardware prefetchers
-// do not follow (measured: 5-11% less time at 8K, D 128-256, G 1-4); one burst of them all stalls on the line fill buffers
+// this head's: score half the rows, accum (its first pass) the other half. A head's rows are 1-2 lines every H rows, in
+// pages anywhere in the pool, which the hardware prefetchers do not follow; one burst of them all before the head stalls on
+// the line fill buffers and gained nothing (nbs/34_attention.cpu, "What the numbers say": the probes)
 struct Ahead { const uint8_t* base[2]; int64_t stride[2], rb[2]; int n = 0, next = 0; };   // one per thread (Fmt::ahead)
 static inline void ahead_rows(Ahead* ap, int rows) {
     if (!ap) return;
@@ -994,7 +995,7 @@ static void item(const Args& a, Ctx& cx, int64_t b, int64_t p0, int64_t p1, floa
         int64_t pn = p + cur.n;
         if (pn < p1) nxt = next_block(a, b, pn, p1);
         for (int64_t h = 0; h < H; ++h) {
-            ahead_rows(ah, BLK);                  // what the last head's kernels did not get to
+            ahead_rows(ah, BLK);                  // what the last head's kernels did not get to (a window block's)
             if (ah) ah->n = ah->next = 0;
             if (ah && (h + 1 < H || pn < p1)) {           // the next head's rows: this block's, or the next block's first head's
                 const Blk& t = h + 1 < H ? cur : nxt; const int64_t hn = (h + 1) % H;
