@@ -18,8 +18,9 @@ from .codec import get_codec, asked_codec_opts
 from .keystats import profile_stats, rotated_profile
 
 # %% auto #0
-__all__ = ['CAPTURE_ATTN', 'PROXY_ATTN', 'TURNED', 'METHODS', 'calibrate_hf', 'row_sensitivity', 'attention_grads', 'coded_reads',
-           'row_codes', 'coded_errors', 'proxy_sensitivity', 'calibrate_plan', 'mixed_profile', 'calibrate_report']
+__all__ = ['CAPTURE_ATTN', 'PROXY_ATTN', 'TURNED', 'METHODS', 'REACH_ATTN', 'REACH_LIMIT', 'calibrate_hf', 'row_sensitivity',
+           'attention_grads', 'coded_reads', 'row_codes', 'coded_errors', 'proxy_sensitivity', 'key_reach',
+           'calibrate_plan', 'mixed_profile', 'calibrate_report']
 
 # %% ../nbs/15_calibrate.ipynb #d8927bd9
 CAPTURE_ATTN = "hqkv_capture"   # the attention implementation `calibrate_hf` runs the model with
@@ -368,6 +369,35 @@ def proxy_sensitivity(model, # an `hqkv.quality.HFModel` (a transformers model)
             if (d := change(r, f + TURNED)) < change(r, f): sens[r][f] = base_kld + d; turned.setdefault(r, []).append(f)
     return base_kld, sens, turned
 
+# %% ../nbs/15_calibrate.ipynb #7e1246f0
+REACH_ATTN = "hqkv_reach"   # the attention implementation `key_reach` runs the model with
+REACH_LIMIT = 4.0           # a key row whose transformed keys grow more than this far out is pinned (`calibrate_plan`)
+
+def key_reach(model, # a transformers causal LM
+              profile:KeyProfile, # the profile to check (its layers)
+              ids, # 1-D token ids (<bos> first): a piece of the calibration text
+              reach:int, # the context the profile must hold (the model's)
+              starts:int=8, # further starts, spread evenly from len(ids) to reach - len(ids)
+              skip:int=1, # leading positions left out (<bos>)
+             ) -> Tensor: # float32 [layers, kv_heads]: the largest ratio over the starts
+    "RMS of the profile's transformed keys when `ids` start further out, over their RMS when they start at 0."
+    ids = torch.as_tensor(ids).reshape(-1); n = ids.numel()
+    if n - skip < 2: raise ValueError(f"key_reach needs at least {skip + 2} tokens, got {n}")
+    if reach < 2 * n: raise ValueError(f"reach {reach} must be at least twice the piece's {n} tokens")
+    slot, keys = {l: i for i, l in enumerate(profile.layers)}, {}
+    def capture(module, query, key, value, attention_mask, **kwargs):
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+        if module.layer_idx in slot: keys[module.layer_idx] = key[0, :, skip:].transpose(0, 1).float().cpu()
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    dev = next(model.parameters()).device
+    rms = []
+    with _attention_as(model, REACH_ATTN, capture), torch.inference_mode():
+        for s in [0] + [round(n + j * (reach - 2 * n) / max(1, starts - 1)) for j in range(starts)]:
+            model(input_ids=ids[None].to(dev), position_ids=torch.arange(s, s + n, device=dev)[None], use_cache=False,
+                  logits_to_keep=1)
+            rms.append(torch.stack([profile.apply_keys(i, keys[l]).pow(2).mean((0, 2)).sqrt() for l, i in slot.items()]))
+    return (torch.stack(rms[1:]) / rms[0].clamp_min(1e-30)).amax(0)
+
 # %% ../nbs/15_calibrate.ipynb #3e40d3d7
 def calibrate_plan(model, windows:list, budget, # bits per value, or bytes per token ('432B')
                    base:str="hq-e8-2b", candidates=CANDIDATES, profile=None, sinks:int=32, recent:int=512,
@@ -376,6 +406,9 @@ def calibrate_plan(model, windows:list, budget, # bits per value, or bytes per t
                    per_head:bool=False, # a format per (layer, K/V, KV head) (the proxy only): `'k5.1=tbq2'`
                    rotated:KeyProfile|None=None, # also choose per key row whether it reads the keys rotated (the proxy only;
                                                  # `proxy_sensitivity`): the rows are the plan's calibration['rotated_rows']
+                   reach:int|None=None, # the context the plan must hold (None: the model's); key rows whose transformed
+                                        # keys grow past REACH_LIMIT out to it (`key_reach`) are pinned to `pin`
+                   pin:str="q8_0",
                   ) -> BitPlan:
     "Measure every row's sensitivity on `windows` and choose the formats of least predicted KLD within `budget`."
     D, layers, how = model.geometry.head_dim, model.cfg.global_layers, _method(method)
@@ -397,11 +430,37 @@ def calibrate_plan(model, windows:list, budget, # bits per value, or bytes per t
                chunk=chunk, regime=regime, window=[sinks, recent], candidates=list(candidates), method=how,
                key_profile=None if profile is None else profile.tag, seconds=round(time.perf_counter() - t0),
                per_head=per_head) | ({"estimated_seconds": round(t["estimate"])} if "estimate" in t else {})
-    plan = bit_plan(sens, base_kld, base, D, b, cal)
+    plan = _pinned_plan(model, windows, profile, rotated, sens, base_kld, base, b, cal, per_head, reach, pin)
     if rotated is None: return plan
     chosen = {f"k{_label(l)}": f for l, f in plan.key_formats}   # the key rows' formats (the rest: the base)
     rows = sorted(r for r, fs in turned[0].items() if chosen.get(r, base) in fs)   # ... where the proxy read them rotated
     return dataclasses.replace(plan, calibration={**cal, "rotated_profile": rotated.tag, "rotated_rows": rows})
+
+# %% ../nbs/15_calibrate.ipynb #297b2389
+def _pinned_plan(model, windows, profile, rotated, sens, base_kld, base, b, cal, per_head, reach, pin) -> BitPlan:
+    "`bit_plan` over the rows `key_reach` leaves free (either profile's keys); the rows it flags in `pin`, inside the budget."
+    D, pinned = model.geometry.head_dim, []
+    reach = model.cfg.max_position if reach is None else reach
+    piece = list(windows[0][0][:1024])
+    if profile is not None and reach >= 2 * len(piece):
+        skip = int(model.tokenizer.bos_id is not None)
+        far = key_reach(model.model, profile, piece, reach, skip=skip)
+        if rotated is not None: far = far.maximum(key_reach(model.model, rotated, piece, reach, skip=skip))
+        growth = {f"k{l}.{h}": round(float(far[i, h]), 3) for i, l in enumerate(profile.layers) for h in range(far.shape[1])}
+        over = [r for r, g in growth.items() if g > REACH_LIMIT]
+        pinned = sorted(over if per_head else {r.split(".")[0] for r in over})
+        cal = {**cal, "long_range": dict(reach=reach, limit=REACH_LIMIT, pin=pin, pinned=pinned, growth=growth)}
+    if not pinned: return bit_plan(sens, base_kld, base, D, b, cal)
+    rest, pb = {r: s for r, s in sens.items() if r not in pinned}, format_bits(pin, D)
+    b_rest = (b * len(sens) - pb * len(pinned)) / max(1, len(rest))
+    try: plan = bit_plan(rest, base_kld, base, D, b_rest, cal)
+    except ValueError as e:
+        raise ValueError(f"{e}; {', '.join(pinned)} are pinned to {pin} (their transformed keys grow past {REACH_LIMIT}x "
+                         f"out to {reach:,} positions: key_reach), which leaves {b_rest:.3f} bits for the other rows") from None
+    kf, _ = parse_layer_formats(",".join(f"{r}={pin}" for r in pinned), kv=True)
+    return dataclasses.replace(plan, key_formats=tuple(plan.key_formats) + tuple(kf), budget_bits=b, sensitivity=sens,
+                               bits=(plan.bits * len(rest) + pb * len(pinned)) / len(sens),
+                               predicted_kld=plan.predicted_kld + sum(sens[r].get(pin, base_kld) - base_kld for r in pinned))
 
 # %% ../nbs/15_calibrate.ipynb #ca4d3e0f
 def mixed_profile(flat:KeyProfile, # the per-channel profile the plan was measured with

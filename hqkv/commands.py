@@ -386,6 +386,10 @@ def _calibrate_run(args) -> int:
             print(f"  bit plan for {base} at {bp.budget_bits:g} bits: {bp.tag}, calibration KLD {bp.base_kld:.4f} -> "
                   f"predicted {bp.predicted_kld:.4f}" + ("" if made is None else f", measured in {_minutes(made)}")
                   + ("" if est is None else f" (estimated {_minutes(est)})"))
+            lr = bp.calibration.get("long_range")
+            if lr: print(f"  long range: out to {lr['reach']:,} positions the transformed keys grow at most "
+                         f"{max(lr['growth'].values()):.2f}x; " + (f"{', '.join(lr['pinned'])} grow past {lr['limit']:g}x: pinned to "
+                                                                    f"{lr['pin']}" if lr["pinned"] else "no key row is pinned"))
     return 0
 
 register_command("calibrate", "measure a model's key profile (per-channel key mean and scale) on a text",
