@@ -416,6 +416,7 @@ def calibrate_plan(model, windows:list, budget, # bits per value, or bytes per t
     b = parse_bit_budget(budget, 2 * len(layers) * kvh * D)
     if format_bits(base, D) > b and min(format_bits(f, D) for f in candidates) > b:
         raise ValueError(f"a budget of {b:.3f} bits per value is below every candidate at head_dim {D}")
+    format_bits(pin, D)                                    # an unknown pin format fails before any measurement
     if how == "proxy" and regime != "decode":
         raise ValueError(f"the proxy models the decode regime, not {regime!r}: use method='exact'")
     if per_head and how != "proxy": raise ValueError("a plan per KV head is predicted by the proxy: use method='proxy'")
