@@ -374,7 +374,7 @@ REACH_ATTN = "hqkv_reach"   # the attention implementation `key_reach` runs the 
 REACH_LIMIT = 4.0           # a key row whose transformed keys grow more than this far out is pinned (`calibrate_plan`)
 
 def key_reach(model, # a transformers causal LM
-              profile:KeyProfile, # the profile to check (its layers)
+              profile, # the `KeyProfile` to check, or several of the same model (the largest growth of any)
               ids, # 1-D token ids (<bos> first): a piece of the calibration text
               reach:int, # the context the profile must hold (the model's)
               starts:int=8, # further starts, spread evenly from len(ids) to reach - len(ids)
@@ -384,7 +384,8 @@ def key_reach(model, # a transformers causal LM
     ids = torch.as_tensor(ids).reshape(-1); n = ids.numel()
     if n - skip < 2: raise ValueError(f"key_reach needs at least {skip + 2} tokens, got {n}")
     if reach < 2 * n: raise ValueError(f"reach {reach} must be at least twice the piece's {n} tokens")
-    slot, keys = {l: i for i, l in enumerate(profile.layers)}, {}
+    profs = [profile] if isinstance(profile, KeyProfile) else list(profile)
+    slot, keys = {l: i for i, l in enumerate(profs[0].layers)}, {}
     def capture(module, query, key, value, attention_mask, **kwargs):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
         if module.layer_idx in slot: keys[module.layer_idx] = key[0, :, skip:].transpose(0, 1).float().cpu()
@@ -395,8 +396,9 @@ def key_reach(model, # a transformers causal LM
         for s in [0] + [round(n + j * (reach - 2 * n) / max(1, starts - 1)) for j in range(starts)]:
             model(input_ids=ids[None].to(dev), position_ids=torch.arange(s, s + n, device=dev)[None], use_cache=False,
                   logits_to_keep=1)
-            rms.append(torch.stack([profile.apply_keys(i, keys[l]).pow(2).mean((0, 2)).sqrt() for l, i in slot.items()]))
-    return (torch.stack(rms[1:]) / rms[0].clamp_min(1e-30)).amax(0)
+            rms.append(torch.stack([torch.stack([p.apply_keys(i, keys[l]).pow(2).mean((0, 2)).sqrt() for l, i in slot.items()])
+                                    for p in profs]))                                  # [profiles, layers, kv_heads]
+    return (torch.stack(rms[1:]) / rms[0].clamp_min(1e-30)).amax((0, 1))
 
 # %% ../nbs/15_calibrate.ipynb #3e40d3d7
 def calibrate_plan(model, windows:list, budget, # bits per value, or bytes per token ('432B')
@@ -445,8 +447,7 @@ def _pinned_plan(model, windows, profile, rotated, sens, base_kld, base, b, cal,
     piece = list(windows[0][0][:1024])
     if profile is not None and reach >= 2 * len(piece):
         skip = int(model.tokenizer.bos_id is not None)
-        far = key_reach(model.model, profile, piece, reach, skip=skip)
-        if rotated is not None: far = far.maximum(key_reach(model.model, rotated, piece, reach, skip=skip))
+        far = key_reach(model.model, [profile] + ([] if rotated is None else [rotated]), piece, reach, skip=skip)
         growth = {f"k{l}.{h}": round(float(far[i, h]), 3) for i, l in enumerate(profile.layers) for h in range(far.shape[1])}
         over = [r for r, g in growth.items() if g > REACH_LIMIT]
         pinned = sorted(over if per_head else {r.split(".")[0] for r in over})

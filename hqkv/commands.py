@@ -332,9 +332,33 @@ def _check_out(out:Path, force:bool):
             raise ValueError(f"--out {out} exists and is not a key profile: "
                              "refusing to overwrite it (use --force)") from None
 
+# %% ../nbs/42a_commands.ipynb #98767f59
+def _print_calibration(prof, r:dict, choice:dict|None):
+    "What `hqkv calibrate` prints without --json: the profile per layer, the rotation chosen, each bit plan."
+    from hqkv.calibrate import _minutes
+    print(f"wrote {r['out']} ({r['bytes']:,} bytes): key profile of {prof.model.short()}, layers {r['layers']}, "
+          f"{r['kv_heads']} x {r['head_dim']}, {prof.n_tokens:,} tokens of {prof.source}, mode {prof.mode}"
+          + (f", rotated on {r['rotated_heads']} of {prof.n_layers * prof.kv_heads} (layer, KV head)" if prof.rot is not None else ""))
+    for i, l in enumerate(prof.layers):
+        print(f"  layer {l}: |mu| max {r['mu_abs_max'][i]:g}, sigma min/median/max {r['sigma_min'][i]:g} / "
+              f"{r['sigma_median'][i]:g} / {r['sigma_max'][i]:g}")
+    if choice: print(f"  rotation: the plan reads {len(choice['rotated_rows'])} key rows rotated "
+                     f"({', '.join(choice['rotated_rows']) or 'none'}), the rest per channel")
+    for base in prof.plans:
+        bp = prof.plan_for(base)
+        made, est = bp.calibration.get("seconds"), bp.calibration.get("estimated_seconds")
+        print(f"  bit plan for {base} at {bp.budget_bits:g} bits: {bp.tag}, calibration KLD {bp.base_kld:.4f} -> "
+              f"predicted {bp.predicted_kld:.4f}" + ("" if made is None else f", measured in {_minutes(made)}")
+              + ("" if est is None else f" (estimated {_minutes(est)})"))
+        lr = bp.calibration.get("long_range")
+        if lr: print(f"  long range: out to {lr['reach']:,} positions the transformed keys grow at most "
+                     f"{max(lr['growth'].values()):.2f}x; " + (f"{', '.join(lr['pinned'])} grow past {lr['limit']:g}x: pinned to "
+                                                                f"{lr['pin']}" if lr["pinned"] else "no key row is pinned"))
+
+
 # %% ../nbs/42a_commands.ipynb #a53246a2
 def _calibrate_run(args) -> int:
-    from hqkv.calibrate import calibrate_report, _minutes
+    from hqkv.calibrate import calibrate_report
     from hqkv.keyprofile import profile_path
     tf = Path(args.text_file)
     if not tf.is_file(): raise ValueError(f"text file {tf} does not exist")
@@ -371,25 +395,7 @@ def _calibrate_run(args) -> int:
     finally: tmp.unlink(missing_ok=True)
     r = calibrate_report(prof, out) | ({} if choice is None else {"rotation": choice})
     if args.json: print(json.dumps(r, indent=2))
-    else:
-        print(f"wrote {r['out']} ({r['bytes']:,} bytes): key profile of {prof.model.short()}, layers {r['layers']}, "
-              f"{r['kv_heads']} x {r['head_dim']}, {prof.n_tokens:,} tokens of {prof.source}, mode {prof.mode}"
-              + (f", rotated on {r['rotated_heads']} of {prof.n_layers * prof.kv_heads} (layer, KV head)" if prof.rot is not None else ""))
-        for i, l in enumerate(prof.layers):
-            print(f"  layer {l}: |mu| max {r['mu_abs_max'][i]:g}, sigma min/median/max {r['sigma_min'][i]:g} / "
-                  f"{r['sigma_median'][i]:g} / {r['sigma_max'][i]:g}")
-        if choice: print(f"  rotation: the plan reads {len(choice['rotated_rows'])} key rows rotated "
-                         f"({', '.join(choice['rotated_rows']) or 'none'}), the rest per channel")
-        for base in prof.plans:
-            bp = prof.plan_for(base)
-            made, est = bp.calibration.get("seconds"), bp.calibration.get("estimated_seconds")
-            print(f"  bit plan for {base} at {bp.budget_bits:g} bits: {bp.tag}, calibration KLD {bp.base_kld:.4f} -> "
-                  f"predicted {bp.predicted_kld:.4f}" + ("" if made is None else f", measured in {_minutes(made)}")
-                  + ("" if est is None else f" (estimated {_minutes(est)})"))
-            lr = bp.calibration.get("long_range")
-            if lr: print(f"  long range: out to {lr['reach']:,} positions the transformed keys grow at most "
-                         f"{max(lr['growth'].values()):.2f}x; " + (f"{', '.join(lr['pinned'])} grow past {lr['limit']:g}x: pinned to "
-                                                                    f"{lr['pin']}" if lr["pinned"] else "no key row is pinned"))
+    else: _print_calibration(prof, r, choice)
     return 0
 
 register_command("calibrate", "measure a model's key profile (per-channel key mean and scale) on a text",
