@@ -29,16 +29,16 @@ class _KeyRecorder:
     "Post-RoPE keys (all positions) and the sum of q q^T of each query head (positions >= skip) of chosen layers."
     def __init__(self, layers:tuple, n:int, kv_heads:int, q_heads:int, head_dim:int, skip:int):
         self.slot, self.skip, self.pos = {l: i for i, l in enumerate(layers)}, skip, 0
+        self.lead = 0                      # leading positions of each forward left out (a piece read again: its <bos>)
         self.k = torch.empty(len(layers), n, kv_heads, head_dim)
         self.qq = torch.zeros(len(layers), q_heads, head_dim, head_dim, dtype=torch.float64)
     # [1, Hq, T, D], [1, Hkv, S, D] (the cache's keys: the chunk's are the last T)
     def record(self, layer:int, q:Tensor, k:Tensor):
         i = self.slot.get(layer)
         if i is None: return
-        T = q.shape[2]
-        self.k[i, self.pos:self.pos + T] = k[0, :, -T:].transpose(0, 1).to(torch.float32).cpu()
-        first = max(0, self.skip - self.pos)
-        x = q[0, :, first:].to(torch.float64).cpu()
+        T, a = q.shape[2], self.lead
+        self.k[i, self.pos:self.pos + T - a] = k[0, :, k.shape[2] - T + a:].transpose(0, 1).to(torch.float32).cpu()
+        x = q[0, :, max(a, self.skip - self.pos):].to(torch.float64).cpu()
         self.qq[i] += x.transpose(1, 2) @ x
 
 # the run's recorder rides with the forward as a keyword: transformers hands a forward's extra keywords to the
@@ -69,6 +69,14 @@ def _attention_as(model, name:str, fn):
     try: yield
     finally: model.set_attn_implementation(before)
 
+def _far_pieces(ids:Tensor, skip:int, reach:int, starts:int, n:int) -> list: # [(first position, ids)]
+    "`starts` pieces of `n` tokens of the text (its `skip` leading ids first), at positions spread from its end to `reach`."
+    N, body, m = ids.numel(), ids[skip:], min(n, ids.numel()) - skip
+    if reach <= N or m < 2: return []
+    last = max(N, reach - m - skip)
+    return [(round(N + j * (last - N) / max(1, starts - 1)),
+             torch.cat([ids[:skip], body[(j * m) % (body.numel() - m + 1):][:m]])) for j in range(starts)]
+
 # %% ../nbs/15_calibrate.ipynb #2f5ded5f
 def calibrate_hf(model, # a transformers causal LM (`LoadedLM.model`, or one you loaded)
                  token_ids, # 1-D token ids of the calibration text (<bos> first)
@@ -80,6 +88,9 @@ def calibrate_hf(model, # a transformers causal LM (`LoadedLM.model`, or one you
                  # True: also a rotation per (layer, KV head) (`rotated_profile`), sigma along its axes;
                  # "both": (the rotated profile, the per-channel one) from the one capture run
                  rotate:bool|str=False,
+                 # the context the profile must hold: `starts` pieces of `chunk` tokens of the text are read again
+                 # at positions spread from its end out to `reach`, so the statistics see the keys RoPE turns there
+                 reach:int|None=None, starts:int=8, # (None, or no further than the text: its positions only)
                 ): # KeyProfile, or a (rotated, per-channel) pair
     "Measure a key profile for every full-attention layer of a transformers model, chunk by chunk."
     if rotate not in (False, True, "both"): raise ValueError(f"rotate must be False, True or 'both', got {rotate!r}")
@@ -96,24 +107,28 @@ def calibrate_hf(model, # a transformers causal LM (`LoadedLM.model`, or one you
         raise ValueError(f"chunk must be a positive int, got {chunk!r}")
     g, c = geometry_of(model.config, identity.name), text_config(model.config)   # no full-attention layer: ValueError
     N = ids.numel()
-    rec = _KeyRecorder(g.attn_ids, N, g.kv_heads, c.num_attention_heads, g.head_dim, skip)
+    far = _far_pieces(ids, skip, reach or 0, starts, chunk)
+    rec = _KeyRecorder(g.attn_ids, N + sum(len(p) - skip for _, p in far), g.kv_heads, c.num_attention_heads, g.head_dim, skip)
     t0, show = time.perf_counter(), (N > 4 * chunk) if progress is None else progress
-    with _attention_as(model, CAPTURE_ATTN, _capture_attention):
+    say = lambda what: show and print(f"calibrate {identity.name}: {what}, {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    with _attention_as(model, CAPTURE_ATTN, _capture_attention), torch.inference_mode():
         cache, dev = DynamicCache(config=model.config), next(model.parameters()).device
-        with torch.inference_mode():
-            for a in range(0, N, chunk):
-                model(input_ids=ids[None, a:a + chunk].to(dev), past_key_values=cache, use_cache=True, logits_to_keep=1,
-                      **{_REC_KWARG: rec})
-                rec.pos = min(N, a + chunk)
-                if show:
-                    print(f"calibrate {identity.name}: {rec.pos:,}/{N:,} tokens, {time.perf_counter() - t0:.0f} s",
-                          file=sys.stderr, flush=True)
-    qq = rec.qq / (N - skip)                                              # [L, Hq, D, D]
+        for a in range(0, N, chunk):
+            model(input_ids=ids[None, a:a + chunk].to(dev), past_key_values=cache, use_cache=True, logits_to_keep=1,
+                  **{_REC_KWARG: rec})
+            rec.pos = min(N, a + chunk); say(f"{rec.pos:,}/{N:,} tokens")
+        rec.lead = skip                                                   # the pieces' <bos> is not recorded again
+        for j, (s, p) in enumerate(far):
+            model(input_ids=p[None].to(dev), position_ids=torch.arange(s, s + len(p), device=dev)[None], use_cache=False,
+                  logits_to_keep=1, **{_REC_KWARG: rec})
+            rec.pos += len(p) - skip; say(f"piece {j + 1}/{len(far)} at positions {s:,}-{s + len(p) - 1:,}")
+    qq = rec.qq / (rec.pos - skip)                                        # [L, Hq, D, D]
     mu, sigma = profile_stats(rec.k, None, mode, skip, clip, floor, q_ms=qq.diagonal(0, -2, -1).float())
-    flat = KeyProfile(mu, sigma, identity, g.attn_ids, source, int(N), mode)
+    out = int(far[-1][0] + len(far[-1][1]) if far else N)               # the furthest position read
+    flat = KeyProfile(mu, sigma, identity, g.attn_ids, source, int(N), mode, reach=out)
     if not rotate: return flat
     mu, sigma, rot = rotated_profile(rec.k, qq, mu, sigma, mode, skip, clip, floor)
-    rotated = KeyProfile(mu, sigma, identity, g.attn_ids, source, int(N), mode, version=2, rot=rot)
+    rotated = KeyProfile(mu, sigma, identity, g.attn_ids, source, int(N), mode, version=2, rot=rot, reach=out)
     return (rotated, flat) if rotate == "both" else rotated
 
 # %% ../nbs/15_calibrate.ipynb #746af430
@@ -490,7 +505,7 @@ def calibrate_report(prof:KeyProfile, path:Path) -> dict:
     s = prof.sigma
     return dict(out=str(path), bytes=path.stat().st_size, model=dataclasses.asdict(prof.model),
                 layers=list(prof.layers), kv_heads=prof.kv_heads, head_dim=prof.head_dim, source=prof.source,
-                n_tokens=prof.n_tokens, mode=prof.mode,
+                n_tokens=prof.n_tokens, mode=prof.mode, reach=prof.reach,
                 mu_abs_max=[round(float(x), 4) for x in prof.mu.abs().amax((1, 2))],
                 sigma_min=[round(float(x), 5) for x in s.amin((1, 2))],
                 sigma_median=[round(float(x), 5) for x in s.flatten(1).median(1).values],

@@ -235,6 +235,10 @@ def _calibrate_setup(p:argparse.ArgumentParser):
                         "head where tbq2 codes score better; with --budget, the plan also chooses per key row (per KV "
                         "head with --per-head) whether it reads the rotated or the per-channel profile (the proxy only)")
     p.add_argument("--chunk", type=int, default=1024, help="tokens per forward of the capture run (default: 1024)")
+    p.add_argument("--reach", type=int, default=None,
+                   help="the context the profile must hold: 8 pieces of the text are read again at positions out to it "
+                        "(RoPE turns the keys there), and a plan pins the key rows that still grow past "
+                        "hqkv.calibrate.REACH_LIMIT (default: the model's context; 0: the text's positions only, no check)")
     g = p.add_argument_group("bit plan",
                              "per-(layer, K/V) formats under a budget, measured on the same text and stored in the "
                              "profile (hqkv.bitplan)")
@@ -283,8 +287,11 @@ def _calibrate_profile(args, model_path:str, text:str, tf:Path):
         ids = _first_tokens(bos + lm.tokenizer.encode(text, add_special_tokens=False), args.tokens, lm.max_position,
                             str(tf))
         both = args.rotate and args.budget is not None                  # one capture run, both profiles
+        if (args.reach or 0) > lm.max_position:
+            raise ValueError(f"--reach {args.reach} exceeds the model's context of {lm.max_position}")
         prof = calibrate_hf(lm.model, ids, lm.identity, source=tf.name, mode=args.mode, skip=len(bos), chunk=args.chunk,
-                            progress=None, rotate="both" if both else args.rotate)
+                            progress=None, rotate="both" if both else args.rotate,
+                            reach=lm.max_position if args.reach is None else args.reach)
         if both: return HFModel(lm), *prof
     return HFModel(lm), prof, None
 
@@ -316,7 +323,7 @@ def _calibrate_plan(args, model, prof, text:str, tf:Path, cfg, rotated=None):
     bp = calibrate_plan(model, wins, args.budget, args.plan_format, cands, prof, cfg.window_sinks, cfg.window_recent,
                         method=args.plan_method, chunk=min(1024, args.plan_context), per_head=args.per_head,
                         score_last=min(1024, args.plan_context), source=tf.name, log=None if args.json else print,
-                        rotated=rotated)
+                        rotated=rotated, reach=args.reach)
     return prof.with_plan(bp) if rotated is None else mixed_profile(prof, rotated, bp)
 
 # %% ../nbs/42a_commands.ipynb #505e6140
@@ -337,7 +344,8 @@ def _print_calibration(prof, r:dict, choice:dict|None):
     "What `hqkv calibrate` prints without --json: the profile per layer, the rotation chosen, each bit plan."
     from hqkv.calibrate import _minutes
     print(f"wrote {r['out']} ({r['bytes']:,} bytes): key profile of {prof.model.short()}, layers {r['layers']}, "
-          f"{r['kv_heads']} x {r['head_dim']}, {prof.n_tokens:,} tokens of {prof.source}, mode {prof.mode}"
+          f"{r['kv_heads']} x {r['head_dim']}, {prof.n_tokens:,} tokens of {prof.source}"
+          + (f" (read again out to {prof.reach:,} positions)" if prof.reach > prof.n_tokens else "") + f", mode {prof.mode}"
           + (f", rotated on {r['rotated_heads']} of {prof.n_layers * prof.kv_heads} (layer, KV head)" if prof.rot is not None else ""))
     for i, l in enumerate(prof.layers):
         print(f"  layer {l}: |mu| max {r['mu_abs_max'][i]:g}, sigma min/median/max {r['sigma_min'][i]:g} / "
@@ -364,6 +372,7 @@ def _calibrate_run(args) -> int:
     if not tf.is_file(): raise ValueError(f"text file {tf} does not exist")
     if args.tokens is not None and args.tokens < 3: raise ValueError(f"--tokens must be >= 3, got {args.tokens}")
     if args.chunk < 1: raise ValueError(f"--chunk must be >= 1, got {args.chunk}")
+    if args.reach is not None and args.reach < 0: raise ValueError(f"--reach must be >= 0, got {args.reach}")
     if args.budget is None and args.plan_only: raise ValueError("--plan-only needs --budget")
     if args.rotate and args.plan_only:
         raise ValueError("--rotate makes a new profile and --plan-only keeps the model's: give one of them")

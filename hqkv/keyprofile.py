@@ -53,8 +53,9 @@ def _check_profile(p):
     if len(p.layers) != p.mu.shape[0] or not all(isinstance(l, int) and l >= 0 for l in p.layers):
         raise ValueError(f"KeyProfile.layers must be {p.mu.shape[0]} model layer indices, got {p.layers}")
     if p.mode not in MODES: raise ValueError(f"KeyProfile.mode must be one of {MODES}, got {p.mode!r}")
-    if isinstance(p.n_tokens, bool) or not isinstance(p.n_tokens, int) or p.n_tokens < 0:
-        raise ValueError(f"KeyProfile.n_tokens must be an int >= 0, got {p.n_tokens!r}")
+    for n in ("n_tokens", "reach"):
+        if isinstance(getattr(p, n), bool) or not isinstance(getattr(p, n), int) or getattr(p, n) < 0:
+            raise ValueError(f"KeyProfile.{n} must be an int >= 0, got {getattr(p, n)!r}")
     if p.version not in READ_VERSIONS:
         raise ValueError(f"KeyProfile version {p.version!r} is not supported (this hqkv reads versions "
                          f"{READ_VERSIONS})")
@@ -91,6 +92,7 @@ class KeyProfile:
     # base format -> a `hqkv.bitplan.BitPlan` as a dict (`hqkv calibrate --budget`)
     plans: dict = dataclasses.field(default_factory=dict)
     rot: Tensor|None = None     # float32 [n_attn_layers, kv_heads, head_dim, head_dim], orthogonal; sigma is per axis of it
+    reach: int = 0              # keys were read out to this position (`calibrate_hf(reach=)`); 0: not recorded (older files)
 
     def __post_init__(self): _check_profile(self)
 
@@ -165,7 +167,7 @@ def meta(self:KeyProfile) -> dict:
     "Everything but the tensors, JSON-ready."
     return dict(model=dataclasses.asdict(self.model), layers=list(self.layers), source=self.source,
                 n_tokens=self.n_tokens, mode=self.mode, rotation_seed=self.rotation_seed, version=self.version,
-                shape=list(self.mu.shape), plans=self.plans, rotated=self.rot is not None)
+                shape=list(self.mu.shape), plans=self.plans, rotated=self.rot is not None, reach=self.reach)
 
 @patch
 def save(self:KeyProfile, path:str|Path) -> Path:
@@ -207,7 +209,8 @@ def load(cls:KeyProfile, path:str|Path) -> KeyProfile:
             raise ValueError(f"{p}: key profile version {m.get('version')!r}, this hqkv reads versions "
                              f"{READ_VERSIONS}")
         prof = cls(b["mu"], b["sigma"], ModelIdentity(**m["model"]), tuple(m["layers"]), m["source"], m["n_tokens"],
-                   m["mode"], m["rotation_seed"], m["version"], m.get("plans", {}), _read_rot(b, m["version"], p))
+                   m["mode"], m["rotation_seed"], m["version"], m.get("plans", {}), _read_rot(b, m["version"], p),
+                   m.get("reach", 0))
         for base in prof.plans:
             try: prof.plan_for(base)
             except ValueError as e: raise ValueError(f"{p}: the {base} plan: {e}") from None
