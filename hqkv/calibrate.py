@@ -18,12 +18,13 @@ from .codec import get_codec, asked_codec_opts
 from .keystats import profile_stats, rotated_profile
 
 # %% auto #0
-__all__ = ['CAPTURE_ATTN', 'PROXY_ATTN', 'TURNED', 'METHODS', 'REACH_ATTN', 'REACH_LIMIT', 'calibrate_hf', 'row_sensitivity',
+__all__ = ['CAPTURE_ATTN', 'REACH_LIMIT', 'PROXY_ATTN', 'TURNED', 'METHODS', 'REACH_ATTN', 'calibrate_hf', 'row_sensitivity',
            'attention_grads', 'coded_reads', 'row_codes', 'coded_errors', 'proxy_sensitivity', 'key_reach',
            'calibrate_plan', 'mixed_profile', 'calibrate_report']
 
 # %% ../nbs/15_calibrate.ipynb #d8927bd9
 CAPTURE_ATTN = "hqkv_capture"   # the attention implementation `calibrate_hf` runs the model with
+REACH_LIMIT = 4.0   # keys that grow more than this far out: statistics over them (`calibrate_hf`), or pinned (`calibrate_plan`)
 
 class _KeyRecorder:
     "Post-RoPE keys (all positions) and the sum of q q^T of each query head (positions >= skip) of chosen layers."
@@ -77,6 +78,30 @@ def _far_pieces(ids:Tensor, skip:int, reach:int, starts:int, n:int) -> list: # [
     return [(round(N + j * (last - N) / max(1, starts - 1)),
              torch.cat([ids[:skip], body[(j * m) % (body.numel() - m + 1):][:m]])) for j in range(starts)]
 
+# %% ../nbs/15_calibrate.ipynb #8dd8bf39
+def _profiles(k:Tensor, qq:Tensor, skip:int, clip:float, floor:float, rotate, meta:dict) -> tuple:
+    "(the per-channel profile, the rotated one or None) of recorded keys k [L, T, H, D], qq: mean q q^T per query head."
+    mu, sigma = profile_stats(k, None, meta["mode"], skip, clip, floor, q_ms=qq.diagonal(0, -2, -1).float())
+    flat = KeyProfile(mu, sigma, **meta)
+    if not rotate: return flat, None
+    mu, sigma, rot = rotated_profile(k, qq, mu, sigma, meta["mode"], skip, clip, floor)
+    return flat, KeyProfile(mu, sigma, **meta, version=2, rot=rot)
+
+def _reach_rows(text:tuple, wide:tuple, k:Tensor, n:int, skip:int, limit:float, say) -> tuple:
+    "`text`'s profiles with `wide`'s statistics where the keys past position `n` grow past `limit` under either of them."
+    def growth(p:KeyProfile) -> Tensor:   # [L, H]: RMS of the transformed keys past n over theirs in the text
+        rms = lambda i, x: p.apply_keys(i, x).pow(2).mean((0, 2)).sqrt()
+        return torch.stack([rms(i, k[i, n:]) / rms(i, k[i, skip:n]).clamp_min(1e-30) for i in range(k.shape[0])])
+    g = torch.stack([growth(p) for p in text if p is not None]).amax(0)
+    take = g > limit
+    rows = [f"{text[0].layers[i]}.{h} {float(g[i, h]):.1f}x" for i, h in take.nonzero().tolist()]
+    say(f"{len(rows)} (layer, KV head)s grow past {limit:g}x out there, statistics over the pieces too: {', '.join(rows) or 'none'}")
+    def mix(t, w):
+        pick = lambda a, b: torch.where(take.reshape(*take.shape, *[1] * (a.dim() - 2)), b, a)
+        return dataclasses.replace(t, mu=pick(t.mu, w.mu), sigma=pick(t.sigma, w.sigma),
+                                   rot=None if t.rot is None else pick(t.rot, w.rot))
+    return tuple(None if t is None else mix(t, w) for t, w in zip(text, wide))
+
 # %% ../nbs/15_calibrate.ipynb #2f5ded5f
 def calibrate_hf(model, # a transformers causal LM (`LoadedLM.model`, or one you loaded)
                  token_ids, # 1-D token ids of the calibration text (<bos> first)
@@ -91,6 +116,8 @@ def calibrate_hf(model, # a transformers causal LM (`LoadedLM.model`, or one you
                  # the context the profile must hold: `starts` pieces of `chunk` tokens of the text are read again
                  # at positions spread from its end out to `reach`, so the statistics see the keys RoPE turns there
                  reach:int|None=None, starts:int=8, # (None, or no further than the text: its positions only)
+                 limit:float=REACH_LIMIT, # ... and a (layer, KV head) whose keys grow past this there takes its
+                                          # statistics over them too (0: every one); the others keep the text's
                 ): # KeyProfile, or a (rotated, per-channel) pair
     "Measure a key profile for every full-attention layer of a transformers model, chunk by chunk."
     if rotate not in (False, True, "both"): raise ValueError(f"rotate must be False, True or 'both', got {rotate!r}")
@@ -117,19 +144,18 @@ def calibrate_hf(model, # a transformers causal LM (`LoadedLM.model`, or one you
             model(input_ids=ids[None, a:a + chunk].to(dev), past_key_values=cache, use_cache=True, logits_to_keep=1,
                   **{_REC_KWARG: rec})
             rec.pos = min(N, a + chunk); say(f"{rec.pos:,}/{N:,} tokens")
-        rec.lead = skip                                                   # the pieces' <bos> is not recorded again
+        rec.lead, qt = skip, rec.qq / (N - skip)                         # the pieces' <bos> is not recorded again
         for j, (s, p) in enumerate(far):
             model(input_ids=p[None].to(dev), position_ids=torch.arange(s, s + len(p), device=dev)[None], use_cache=False,
                   logits_to_keep=1, **{_REC_KWARG: rec})
             rec.pos += len(p) - skip; say(f"piece {j + 1}/{len(far)} at positions {s:,}-{s + len(p) - 1:,}")
-    qq = rec.qq / (rec.pos - skip)                                        # [L, Hq, D, D]
-    mu, sigma = profile_stats(rec.k, None, mode, skip, clip, floor, q_ms=qq.diagonal(0, -2, -1).float())
-    out = int(far[-1][0] + len(far[-1][1]) if far else N)               # the furthest position read
-    flat = KeyProfile(mu, sigma, identity, g.attn_ids, source, int(N), mode, reach=out)
-    if not rotate: return flat
-    mu, sigma, rot = rotated_profile(rec.k, qq, mu, sigma, mode, skip, clip, floor)
-    rotated = KeyProfile(mu, sigma, identity, g.attn_ids, source, int(N), mode, version=2, rot=rot, reach=out)
-    return (rotated, flat) if rotate == "both" else rotated
+    meta = dict(model=identity, layers=g.attn_ids, source=source, n_tokens=int(N), mode=mode,
+                reach=int(far[-1][0] + len(far[-1][1]) if far else N))    # the furthest position read
+    flat, rotated = _profiles(rec.k[:, :N], qt, skip, clip, floor, rotate, meta)
+    if far:                                             # the (layer, KV head)s the text cannot hold out there
+        wide = _profiles(rec.k, rec.qq / (rec.pos - skip), skip, clip, floor, rotate, meta)
+        flat, rotated = _reach_rows((flat, rotated), wide, rec.k, N, skip, limit, say)
+    return flat if not rotate else (rotated, flat) if rotate == "both" else rotated
 
 # %% ../nbs/15_calibrate.ipynb #746af430
 def row_sensitivity(model, # an `hqkv.quality.HFModel`
@@ -386,7 +412,6 @@ def proxy_sensitivity(model, # an `hqkv.quality.HFModel` (a transformers model)
 
 # %% ../nbs/15_calibrate.ipynb #7e1246f0
 REACH_ATTN = "hqkv_reach"   # the attention implementation `key_reach` runs the model with
-REACH_LIMIT = 4.0           # a key row whose transformed keys grow more than this far out is pinned (`calibrate_plan`)
 
 def key_reach(model, # a transformers causal LM
               profile, # the `KeyProfile` to check, or several of the same model (the largest growth of any)
@@ -452,7 +477,7 @@ def calibrate_plan(model, windows:list, budget, # bits per value, or bytes per t
     if rotated is None: return plan
     chosen = {f"k{_label(l)}": f for l, f in plan.key_formats}   # the key rows' formats (the rest: the base)
     rows = sorted(r for r, fs in turned[0].items() if chosen.get(r, base) in fs)   # ... where the proxy read them rotated
-    return dataclasses.replace(plan, calibration={**cal, "rotated_profile": rotated.tag, "rotated_rows": rows})
+    return dataclasses.replace(plan, calibration={**plan.calibration, "rotated_profile": rotated.tag, "rotated_rows": rows})
 
 # %% ../nbs/15_calibrate.ipynb #297b2389
 def _pinned_plan(model, windows, profile, rotated, sens, base_kld, base, b, cal, per_head, reach, pin) -> BitPlan:
