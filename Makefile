@@ -95,8 +95,9 @@ bench-weights: $(STAMP)
 ## (nbs/studies/59b_plan_proxy's slow cells -> nbs/results/plan_proxy.json), then their per-head plans on those profiles,
 ## which ship (nbs/studies/59e_per_head_plan -> nbs/results/per_head_plan.json), then the same with a rotated profile
 ## (`hqkv calibrate --rotate`), which ships where it measures lower (nbs/studies/59f_key_rotation -> key_rotation.json),
-## and that command's time as a user runs it (-> calibrate_time.json); then why Qwen2.5's plan collapses beyond 8K and the
-## plan with the reach check (nbs/studies/59g_long_keys -> long_keys*.json; HQKV_LONG_KEYS picks its sections)
+## and that command's time as a user runs it (-> calibrate_time.json); then why Qwen2.5's plan collapses beyond 8K, the
+## plan with the reach check, and the profile read out to the model's context, which ships for Qwen2.5, at 4K/16K/32K
+## (nbs/studies/59g_long_keys -> long_keys*.json; HQKV_LONG_KEYS picks its sections)
 bench-plan: $(STAMP) bench-texts
 	$(BIN)/nbdev-test --n-workers 1 --flags slow --timing --cell-timeout 7200 nbs/studies/59b_plan_proxy.ipynb
 	$(BIN)/nbdev-test --n-workers 1 --flags slow --timing --cell-timeout 7200 nbs/studies/59e_per_head_plan.ipynb
