@@ -130,8 +130,9 @@ def calibrate_hf(model, # a transformers causal LM (`LoadedLM.model`, or one you
         raise TypeError(f"identity must be a ModelIdentity, got {type(identity).__name__}")
     ids = torch.as_tensor(token_ids).reshape(-1)
     if ids.numel() < skip + 2: raise ValueError(f"calibrate needs at least {skip + 2} tokens, got {ids.numel()}")
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-        raise ValueError(f"chunk must be a positive int, got {chunk!r}")
+    for n, x, least in (("chunk", chunk, 1), ("reach", 0 if reach is None else reach, 0), ("starts", starts, 1)):
+        if isinstance(x, bool) or not isinstance(x, int) or x < least: raise ValueError(f"{n} must be an int >= {least}, got {x!r}")
+    if not limit >= 0: raise ValueError(f"limit must be >= 0, got {limit!r}")
     g, c = geometry_of(model.config, identity.name), text_config(model.config)   # no full-attention layer: ValueError
     N = ids.numel()
     far = _far_pieces(ids, skip, reach or 0, starts, chunk)
