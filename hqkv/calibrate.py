@@ -70,6 +70,10 @@ def _attention_as(model, name:str, fn):
     try: yield
     finally: model.set_attn_implementation(before)
 
+def _key_rms(p:KeyProfile, slot:int, x:Tensor) -> Tensor: # [kv_heads]
+    "RMS per KV head of profile `p`'s transformed keys (layer `slot`) of keys x [T, kv_heads, D]: how far out they reach."
+    return p.apply_keys(slot, x).pow(2).mean((0, 2)).sqrt()
+
 def _far_pieces(ids:Tensor, skip:int, reach:int, starts:int, n:int) -> list: # [(first position, ids)]
     "`starts` pieces of `n` tokens of the text (its `skip` leading ids first), at positions spread from its end to `reach`."
     N, body, m = ids.numel(), ids[skip:], min(n, ids.numel()) - skip
@@ -90,8 +94,7 @@ def _profiles(k:Tensor, qq:Tensor, skip:int, clip:float, floor:float, rotate, me
 def _reach_rows(text:tuple, wide:tuple, k:Tensor, n:int, skip:int, limit:float, say) -> tuple:
     "`text`'s profiles with `wide`'s statistics where the keys past position `n` grow past `limit` under either of them."
     def growth(p:KeyProfile) -> Tensor:   # [L, H]: RMS of the transformed keys past n over theirs in the text
-        rms = lambda i, x: p.apply_keys(i, x).pow(2).mean((0, 2)).sqrt()
-        return torch.stack([rms(i, k[i, n:]) / rms(i, k[i, skip:n]).clamp_min(1e-30) for i in range(k.shape[0])])
+        return torch.stack([_key_rms(p, i, k[i, n:]) / _key_rms(p, i, k[i, skip:n]).clamp_min(1e-30) for i in range(k.shape[0])])
     g = torch.stack([growth(p) for p in text if p is not None]).amax(0)
     take = g > limit
     rows = [f"{text[0].layers[i]}.{h} {float(g[i, h]):.1f}x" for i, h in take.nonzero().tolist()]
@@ -437,7 +440,7 @@ def key_reach(model, # a transformers causal LM
         for s in [0] + [round(n + j * (reach - 2 * n) / max(1, starts - 1)) for j in range(starts)]:
             model(input_ids=ids[None].to(dev), position_ids=torch.arange(s, s + n, device=dev)[None], use_cache=False,
                   logits_to_keep=1)
-            rms.append(torch.stack([torch.stack([p.apply_keys(i, keys[l]).pow(2).mean((0, 2)).sqrt() for l, i in slot.items()])
+            rms.append(torch.stack([torch.stack([_key_rms(p, i, keys[l]) for l, i in slot.items()])
                                     for p in profs]))                                  # [profiles, layers, kv_heads]
     return (torch.stack(rms[1:]) / rms[0].clamp_min(1e-30)).amax((0, 1))
 
