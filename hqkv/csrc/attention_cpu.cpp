@@ -473,7 +473,7 @@ static inline void transpose16(__m512i* r) {
 // array on the stack (a load and a store per product).
 template<int G> static void score(const Fmt& f, const uint8_t* base, int64_t stride, int n, const uint8_t* qs, const float* qscale,
                                   const int32_t* qlane, float* s, float*) {
-    const int D = (int)f.D, QQ = D / 16, qsh = __builtin_ctz(QQ), QC = std::min(QQ, 16);   // quads (4 values) per quarter; per flush
+    const int D = (int)f.D, QQ = D / 16;   // quads (4 values) per quarter: 4 to 32, not always a power of two (D 192: 12)
     alignas(64) float sc[4 * BLK + 8];
     alignas(64) __m512i y[16];
     Ahead* ah = f.ahead;
@@ -486,15 +486,16 @@ template<int G> static void score(const Fmt& f, const uint8_t* base, int64_t str
         for (int c = 0; c < D / 64; ++c) {
             for (int r = 0; r < 16; ++r) y[r] = codes8<11>(base + std::min(i0 + r, n - 1) * stride + 16 * c);   // past n: the last row
             transpose16(y);
-            for (int j0 = 0; j0 < 16; j0 += QC) {
-                for (int j = j0; j < j0 + QC; ++j) {
+            for (int j0 = 0; j0 < 16;) {            // the chunk's quads up to the end of their quarter q
+                const int q = (16 * c + j0) / QQ, j1 = std::min(16, (q + 1) * QQ - 16 * c);
+                for (int j = j0; j < j1; ++j) {
                     const uint8_t* qj = qs + 4 * (16 * c + j);   // quad 16c + j of the row
                     #pragma GCC unroll 8
                     for (int g = 0; g < G; ++g) acc[g] = _mm512_dpbusd_epi32(acc[g], y[j], _mm512_set1_epi32(*(const int32_t*)(qj + g * D)));
                 }
-                const int done = 16 * c + j0 + QC;  // quads summed so far
-                if ((done & (QQ - 1)) == 0) {       // the end of quarter q
-                    const int q = (done >> qsh) - 1; const __m512 scq = _mm512_load_ps(sc + q * BLK + i0);
+                j0 = j1;
+                if (16 * c + j1 == (q + 1) * QQ) {  // the end of quarter q
+                    const __m512 scq = _mm512_load_ps(sc + q * BLK + i0);
                     #pragma GCC unroll 8
                     for (int g = 0; g < G; ++g) {
                         fs[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[g], _mm512_set1_epi32(qlane[8 * g + q]))), scq, fs[g]);
@@ -548,6 +549,76 @@ template<int G> static void accum(const Fmt& f, const uint8_t* base, int64_t str
                 for (int k = 0; k < NV; ++k) a[g][k] = _mm512_fmadd_ps(_mm512_set1_ps(wq[k][g * BLK + i]), v[k], a[g][k]);
         }
         for (int g = 0; g < G; ++g) for (int k = 0; k < NV; ++k) _mm512_storeu_ps(acc + g * f.D + W * c + 16 * k, a[g][k]);
+    }
+}
+
+// lanes 0..k-1 of 16 (the first k heads, or rows)
+static inline __mmask16 head_mask(int k) { return k >= 16 ? (__mmask16)0xFFFF : k <= 0 ? (__mmask16)0 : (__mmask16)((1u << k) - 1); }
+// accum for one query head (GQA 1) at D >= 128, in integers: the rows' weights w = p sc / 4 (as accum) rounded to 24 bits of
+// their block's largest per quarter and split into three byte planes; four rows' codes interleaved by bytes, so that each
+// dword holds one value of the four rows, and one vpdpbusd per plane sums the four rows' products (weights unsigned, values
+// signed, |v| <= 15: no overflow in a block). Lane L of a pass's 64 values is the 16 values of quarter blk[L], so each row
+// set's weight dword is spread by lane. Per block the planes rejoin in float (hi 2^16 + mid 2^8 + lo) and a 4 x 4 transpose
+// of 128-bit lanes restores the values' order. The rounding is 2^-24 of the block's largest weight, float32's own. Measured
+// against accum<1> (nbs/34_attention.cpu, "What the numbers say"): 10-12% less time at D 256, 5-8% at D 128; at D 64, where
+// a row is one pass and the per-block work weighs more, and with more heads (float FMAs run on two ports, vpdpbusd not
+// faster), accum stays. A negative scale (the encoder's least squares never makes one for a nonzero quarter, but nothing
+// excludes it) sends the block to accum too.
+static void accum_int1(const Fmt& f, const uint8_t* base, int64_t stride, int n, const float* p, float* acc, float* scr) {
+    const int D = (int)f.D, n4 = (n + 3) & ~3;
+    if (D < 128) return accum<1>(f, base, stride, n, p, acc, scr);
+    alignas(64) float sc[4 * BLK + 8];
+    alignas(64) int32_t wt[3][BLK / 4][4];      // [plane][row set][quarter]: the four rows' weight bytes
+    float back[4];                              // each quarter's weight of one unit
+    scales(base, stride, n, f, sc);
+    for (int q = 0; q < 4; ++q) {
+        __m512 mx = _mm512_setzero_ps();
+        for (int i = 0; i < n; i += 16) {
+            const __m512 scq = _mm512_load_ps(sc + q * BLK + i);
+            if (_mm512_mask_cmp_ps_mask(head_mask(n - i), scq, _mm512_setzero_ps(), _CMP_LT_OQ)) return accum<1>(f, base, stride, n, p, acc, scr);
+            mx = _mm512_max_ps(mx, _mm512_maskz_mul_ps(head_mask(n - i), _mm512_loadu_ps(p + i), scq));
+        }
+        const float m = _mm512_reduce_max_ps(mx) * 0.25f, k = m > 0 ? 16777215.f / m : 0.f;
+        back[q] = m / 16777215.f;
+        for (int i = 0; i < n4; i += 16) {         // rows past n: weight 0 (their codes repeat row n - 1)
+            const __m512 x = _mm512_maskz_mul_ps(head_mask(n - i), _mm512_loadu_ps(p + i), _mm512_load_ps(sc + q * BLK + i));
+            const __m512i u = _mm512_cvtps_epu32(_mm512_min_ps(_mm512_mul_ps(x, _mm512_set1_ps(0.25f * k)), _mm512_set1_ps(16777215.f)));
+            for (int k8 = 0; k8 < 3; ++k8) {
+                alignas(16) int32_t b4[4];
+                _mm_store_si128((__m128i*)b4, _mm512_cvtepi32_epi8(_mm512_srli_epi32(u, 8 * k8)));
+                for (int r = 0; r < 4 && i + 4 * r < n4; ++r) wt[k8][i / 4 + r][q] = b4[r];
+            }
+        }
+    }
+    for (int c = 0; c < D / 64; ++c) {
+        int ql[4]; bool same = true;
+        for (int L = 0; L < 4; ++L) { ql[L] = f.blk[(64 * c + 16 * L) / 8]; same &= ql[L] == ql[0]; }
+        const __m512i lanes = _mm512_setr_epi32(ql[0], ql[0], ql[0], ql[0], ql[1], ql[1], ql[1], ql[1], ql[2], ql[2], ql[2], ql[2], ql[3], ql[3], ql[3], ql[3]);
+        __m512i a[3][4];
+        for (int k8 = 0; k8 < 3; ++k8) for (int m = 0; m < 4; ++m) a[k8][m] = _mm512_setzero_si512();
+        for (int r = 0; r < n4 / 4; ++r) {
+            if (c == 0) ahead_rows(f.ahead, 2);
+            const uint8_t* row = base + 16 * c;
+            const __m512i A = codes8(row + std::min(4 * r, n - 1) * stride), B = codes8(row + std::min(4 * r + 1, n - 1) * stride),
+                          C = codes8(row + std::min(4 * r + 2, n - 1) * stride), E = codes8(row + std::min(4 * r + 3, n - 1) * stride);
+            const __m512i ab0 = _mm512_unpacklo_epi8(A, B), ab1 = _mm512_unpackhi_epi8(A, B), ce0 = _mm512_unpacklo_epi8(C, E), ce1 = _mm512_unpackhi_epi8(C, E);
+            const __m512i x[4] = {_mm512_unpacklo_epi16(ab0, ce0), _mm512_unpackhi_epi16(ab0, ce0), _mm512_unpacklo_epi16(ab1, ce1), _mm512_unpackhi_epi16(ab1, ce1)};
+            for (int k8 = 0; k8 < 3; ++k8) {      // lane L, dword j of x[m]: value 16L + 4m + j of the four rows
+                const int32_t* wr = wt[k8][r];
+                const __m512i wv = same ? _mm512_set1_epi32(wr[ql[0]]) : _mm512_permutexvar_epi32(lanes, _mm512_castsi128_si512(_mm_loadu_si128((const __m128i*)wr)));
+                for (int m = 0; m < 4; ++m) a[k8][m] = _mm512_dpbusd_epi32(a[k8][m], wv, x[m]);
+            }
+        }
+        const __m512 bk = _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(_mm_loadu_ps(back)));
+        __m512 y[4];
+        for (int m = 0; m < 4; ++m) {
+            const __m512 hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[2][m]), _mm512_set1_ps(256.f), _mm512_cvtepi32_ps(a[1][m]));
+            y[m] = _mm512_mul_ps(_mm512_fmadd_ps(hi, _mm512_set1_ps(256.f), _mm512_cvtepi32_ps(a[0][m])), bk);
+        }
+        const __m512 t0 = _mm512_shuffle_f32x4(y[0], y[1], 0x44), t1 = _mm512_shuffle_f32x4(y[0], y[1], 0xEE),
+                     t2 = _mm512_shuffle_f32x4(y[2], y[3], 0x44), t3 = _mm512_shuffle_f32x4(y[2], y[3], 0xEE);
+        const __m512 z[4] = {_mm512_shuffle_f32x4(t0, t2, 0x88), _mm512_shuffle_f32x4(t0, t2, 0xDD), _mm512_shuffle_f32x4(t1, t3, 0x88), _mm512_shuffle_f32x4(t1, t3, 0xDD)};
+        for (int L = 0; L < 4; ++L) _mm512_storeu_ps(acc + 64 * c + 16 * L, _mm512_add_ps(_mm512_loadu_ps(acc + 64 * c + 16 * L), z[L]));
     }
 }
 
@@ -696,7 +767,6 @@ template<int BITS, int G> static void accum_tbq(const Fmt& f, const uint8_t* bas
     for (; c0 < C; ++c0) pass(c0, std::integral_constant<int, 1>{});
 }
 
-static inline __mmask16 head_mask(int k) { return k >= 16 ? (__mmask16)0xFFFF : k <= 0 ? (__mmask16)0 : (__mmask16)((1u << k) - 1); }
 // The online softmax of a block for G heads, 16 lanes at a time (as avx::softmax, whose exp polynomial it shares, lane for
 // lane); the G rescale factors come from one vector exp
 static inline __m512 exp512(__m512 x) {
@@ -921,7 +991,8 @@ struct Ctx { std::vector<float> s, tmp, sc; };   // scores [Gp, BLK], a decoded 
 typedef void (*IntScoreFn)(const Fmt&, const uint8_t*, int64_t, int, const uint8_t*, const float*, const int32_t*, float*, float*);
 #define HQKV_G8(f) {f<1>, f<2>, f<3>, f<4>, f<5>, f<6>, f<7>, f<8>}
 static const IntScoreFn SCORE_E8_INT[3][8] = {HQKV_G8(v512::score), HQKV_G8(v2::score), HQKV_G8(v2vnni::score)};
-static const AccumFn ACCUM_E8_INT[3][8] = {HQKV_G8(v512::accum), HQKV_G8(v2::accum), HQKV_G8(v2::accum)};
+static const AccumFn ACCUM_E8_INT[3][8] = {{v512::accum_int1, v512::accum<2>, v512::accum<3>, v512::accum<4>, v512::accum<5>, v512::accum<6>, v512::accum<7>, v512::accum<8>},
+                                             HQKV_G8(v2::accum), HQKV_G8(v2::accum)};
 #undef HQKV_G8
 // hq-e8-2b as int8 (hqkv.attention_cpu.integer_keys): D a multiple of 64; on AVX2 (v2, v2vnni) also D >= 128, where they are
 // faster than the AVX2 floats (at D 64 with GQA 4 they were 10-15% slower: per row and head overheads over 2 chunks)
