@@ -6,7 +6,7 @@ Docs: https://hqkv.github.io/hqkv/attention.cpu.html.md"""
 
 # %% ../nbs/34_attention.cpu.ipynb #857142ef
 from __future__ import annotations
-import ctypes, math, os
+import ctypes, functools, math, os
 from pathlib import Path
 import torch
 from torch import Tensor
@@ -291,10 +291,32 @@ def run(self:DecodePlan, q:Tensor, # float [B, Hq, D], original domain
     kc, vc = _pair(codec, True)
     B, H, D = self.B, self.shape[2], self.D
     scale = 1 / math.sqrt(D) if scale is None else float(scale)
-    qr = (kc.rotate(q.float()) * scale).reshape(B, H, G, D)          # rotate the query once (into the keys' domain)
-    out, lse = self.run_coded(qr, k_pages, v_pages, kc, vc, window)
-    o = vc.unrotate(out.reshape(B, H * G, D)).to(q.dtype)             # rotate the output back once
+    # the query rotated into the keys' domain and the output back, each once, by the kernel (`_rotation_maps`)
+    out, lse = self._run_mapped(q.float().contiguous().view(B, H, G, D), _rotation_maps(kc, vc, D, scale),
+                                k_pages, v_pages, kc, vc, window)
+    o = out.view(B, H * G, D).to(q.dtype)
     return (o, lse.reshape(B, H * G)) if return_lse else o
+
+@functools.lru_cache(maxsize=64)   # the codecs are kept alive by their entry: their ids are not reused while it lives
+def _rotation_maps(kc:Codec, vc:Codec, D:int, scale:float):
+    "The codecs' rotations as the maps of a folded call (`LayerMaps`: query R x scale, output R_v^T), made once."
+    from hqkv.layer_maps import LayerMaps, _codec_map
+    R, Ro = _codec_map(kc, "rotate", D, "cpu"), _codec_map(vc, "unrotate", D, "cpu")
+    return LayerMaps(None if R is None else R * scale, None, None, None, Ro, scale)
+
+@patch
+def _run_mapped(self:DecodePlan, q:Tensor, maps, k_pages:Tensor, v_pages:Tensor, kc:Codec, vc:Codec,
+                window:ExactWindow|None) -> tuple[Tensor, Tensor]: # out [B, H, G, D] the model's domain, lse [B, H, G]
+    "A folded call that maps the query and the output only (the window holds the step's tokens already)."
+    B, H, G, D = q.shape
+    Gp, f = self._buffers(G), _fold(maps)
+    out, lse = torch.empty(B, H, G, D), torch.empty(B, H, Gp)
+    _point(self._args[Gp], self._qpad[Gp], k_pages, v_pages, kc, vc, window, self._obuf[Gp], lse)
+    f.q, f.k, f.v, f.G, f.out = q.data_ptr(), None, None, G, out.data_ptr()
+    f.lanes, f.pos, f.lens = None, None, None                          # no window write
+    if lib().hqkv_cpu_decode_folded(ctypes.byref(self._args[Gp]), ctypes.byref(f), self._work[Gp].data_ptr()):
+        raise RuntimeError(f"hqkv_cpu_decode_folded refused head_dim {D} / {G} query heads a group (at most 512 / {Gp})")
+    return out, lse[:, :, :G]
 
 @patch
 def run_coded(self:DecodePlan, qr:Tensor, # float32 [B, H, G, D]: queries in the keys' domain, scaled
