@@ -16,9 +16,9 @@ from .native import build, cpu_model
 from .attention import ExactWindow, _pair, _check_pages, _check_q, _check_table, _check_int, _check_window
 
 # %% auto #0
-__all__ = ['SOURCE', 'ISAS', 'CPU_FORMATS', 'e8_tables', 'lib', 'set_isa', 'isas_here', 'cpu_format', 'cpu_formats',
-           'e8_int8_table', 'integer_keys', 'int8_query', 'held_spans', 'DecodePlan', 'paged_decode_cpu',
-           'paged_prefill_cpu']
+__all__ = ['SOURCE', 'ISAS', 'E8_LOOKUPS', 'CPU_FORMATS', 'e8_tables', 'lib', 'set_isa', 'isas_here', 'set_e8_lookup',
+           'cpu_format', 'cpu_formats', 'e8_int8_table', 'integer_keys', 'int8_query', 'held_spans', 'DecodePlan',
+           'paged_decode_cpu', 'paged_prefill_cpu']
 
 # %% ../nbs/34_attention.cpu.ipynb #512fa3f2
 # float32 [256*8 + 256*16]: magnitudes, then per low byte: sign masks (as float bits), signed shifts
@@ -106,6 +106,15 @@ def isas_here() -> list[str]: # in ISAS order
     out = [n for n, v in ISAS.items() if l.hqkv_cpu_isa(v) >= 0]
     l.hqkv_cpu_isa(now)
     return out
+
+# %% ../nbs/34_attention.cpu.ipynb #8eccb5e7
+E8_LOOKUPS = ("gather", "loads")   # how the AVX-512 kernels fetch an hq-e8-2b codeword's pattern (C++ codes8)
+
+def set_e8_lookup(name:str|None=None) -> str: # the lookup now in use
+    "Fetch hq-e8-2b patterns by one 'gather' or by 8 scalar 'loads' (AVX-512 kernels only; the same values); None: this CPU's faster (loads on AMD)"
+    if name is not None and name not in E8_LOOKUPS:
+        raise ValueError(f"unknown hq-e8-2b lookup {name!r}; choose one of {', '.join(E8_LOOKUPS)}")
+    return E8_LOOKUPS[lib().hqkv_cpu_e8_loads(-1 if name is None else E8_LOOKUPS.index(name))]
 
 # %% ../nbs/34_attention.cpu.ipynb #705e96e5
 # name -> the kernel's FMT_ id
