@@ -318,7 +318,7 @@ def _run_mapped(self:DecodePlan, q:Tensor, maps, k_pages:Tensor, v_pages:Tensor,
                 window:ExactWindow|None) -> tuple[Tensor, Tensor]: # out [B, H, G, D] the model's domain, lse [B, H, G]
     "A folded call that maps the query and the output only (the window holds the step's tokens already)."
     B, H, G, D = q.shape
-    Gp, f = self._buffers(G), _fold(maps)
+    Gp, f = self._buffers(G), _Fold.from_buffer_copy(_fold(maps))   # a copy: the cached maps are shared across calls and threads
     out, lse = torch.empty(B, H, G, D), torch.empty(B, H, Gp)
     _point(self._args[Gp], self._qpad[Gp], k_pages, v_pages, kc, vc, window, self._obuf[Gp], lse)
     f.q, f.k, f.v, f.G, f.out = q.data_ptr(), None, None, G, out.data_ptr()
