@@ -18,7 +18,8 @@ LAYERS = [  # lowest first; a module may import any module of a lower layer
     ["keystats"],                       # a profile's statistics from captured keys and queries (mu, sigma, a rotation)
     ["models.load"],                    # any transformers causal LM, its geometry
     ["attention"],                      # attention over pages: the reference, its checks
-    ["kernels", "attention_cpu", "window", "layer_maps"],   # the Triton and CPU kernels; the exact window; folded maps
+    ["layer_maps"],                     # a layer's fixed maps folded into matrices (the CPU kernels apply them)
+    ["kernels", "attention_cpu", "window"],   # the Triton and CPU kernels; the exact window
     ["models.weights"],                 # int8 linear layers (built like the CPU attention kernels)
     ["allocator"],                      # the pool's bookkeeping: pages, reservations, prefix index (no tensors)
     ["pool"],                           # pages in bytes
