@@ -300,9 +300,10 @@ def run(self:DecodePlan, q:Tensor, # float [B, Hq, D], original domain
     kc, vc = _pair(codec, True)
     B, H, D = self.B, self.shape[2], self.D
     scale = 1 / math.sqrt(D) if scale is None else float(scale)
-    # the query rotated into the keys' domain and the output back, each once, by the kernel (`_rotation_maps`)
-    out, lse = self._run_mapped(q.float().contiguous().view(B, H, G, D), _rotation_maps(kc, vc, D, scale),
-                                k_pages, v_pages, kc, vc, window)
+    # the query rotated into the keys' domain and the output back, each once, by the kernel: a folded call with the rotations
+    # as its only maps and no new rows (the window holds the step's tokens already)
+    out, lse = self.run_folded(q.float().contiguous().view(B, H, G, D), None, None, _rotation_maps(kc, vc, D, scale),
+                               k_pages, v_pages, kc, vc, window, return_lse=True)
     o = out.view(B, H * G, D).to(q.dtype)
     return (o, lse.reshape(B, H * G)) if return_lse else o
 
@@ -312,20 +313,6 @@ def _rotation_maps(kc:Codec, vc:Codec, D:int, scale:float):
     from hqkv.layer_maps import LayerMaps, _codec_map
     R, Ro = _codec_map(kc, "rotate", D, "cpu"), _codec_map(vc, "unrotate", D, "cpu")
     return LayerMaps(None if R is None else R * scale, None, None, None, Ro, scale)
-
-@patch
-def _run_mapped(self:DecodePlan, q:Tensor, maps, k_pages:Tensor, v_pages:Tensor, kc:Codec, vc:Codec,
-                window:ExactWindow|None) -> tuple[Tensor, Tensor]: # out [B, H, G, D] the model's domain, lse [B, H, G]
-    "A folded call that maps the query and the output only (the window holds the step's tokens already)."
-    B, H, G, D = q.shape
-    Gp, f = self._buffers(G), _Fold.from_buffer_copy(_fold(maps))   # a copy: the cached maps are shared across calls and threads
-    out, lse = torch.empty(B, H, G, D), torch.empty(B, H, Gp)
-    _point(self._args[Gp], self._qpad[Gp], k_pages, v_pages, kc, vc, window, self._obuf[Gp], lse)
-    f.q, f.k, f.v, f.G, f.out = q.data_ptr(), None, None, G, out.data_ptr()
-    f.lanes, f.pos, f.lens = None, None, None                          # no window write
-    if lib().hqkv_cpu_decode_folded(ctypes.byref(self._args[Gp]), ctypes.byref(f), self._work[Gp].data_ptr()):
-        raise RuntimeError(f"hqkv_cpu_decode_folded refused head_dim {D} / {G} query heads a group (at most 512 / {Gp})")
-    return out, lse[:, :, :G]
 
 @patch
 def run_coded(self:DecodePlan, qr:Tensor, # float32 [B, H, G, D]: queries in the keys' domain, scaled
@@ -352,22 +339,24 @@ def _buffers(self:DecodePlan, G:int) -> int: # the kernels' group size Gp
 
 @patch
 def run_folded(self:DecodePlan, q:Tensor, # float32 [B, H, G, D]: the model's queries, contiguous
-               k:Tensor, v:Tensor, # float32 [B, H, D]: the step's new keys and values, the model's, contiguous
+               # float32 [B, H, D]: the step's new keys and values, the model's, contiguous (None: no new rows to write)
+               k:Tensor|None, v:Tensor|None,
                maps, # the layer's `hqkv.layer_maps.LayerMaps`
                k_pages:Tensor, v_pages:Tensor, kc:Codec, vc:Codec, window:ExactWindow|None=None,
                lanes:Tensor|None=None, pos:Tensor|None=None, # int64 [B]: each row's window lane and position
-              ) -> Tensor: # [B, H, G, D] float32, the model's domain
+               return_lse:bool=False) -> Tensor|tuple[Tensor, Tensor]: # [B, H, G, D] float32, the model's domain (and lse)
     "One unchecked call for a decode step's layer: maps applied, the new rows into the window, attention, map back."
     B, H, G, D = q.shape
-    Gp, f = self._buffers(G), _fold(maps)
-    out = torch.empty(B, H, G, D)
-    _point(self._args[Gp], self._qpad[Gp], k_pages, v_pages, kc, vc, window, self._obuf[Gp], None)
-    f.q, f.k, f.v, f.G, f.out = q.data_ptr(), k.data_ptr(), v.data_ptr(), G, out.data_ptr()
-    f.lanes, f.pos, f.lens = (None, None, None) if window is None else (lanes.data_ptr(), pos.data_ptr(),
-                                                                          window.lens.data_ptr())
+    Gp, f = self._buffers(G), _Fold.from_buffer_copy(_fold(maps))   # a copy: the cached maps are shared across calls and threads
+    out, lse = torch.empty(B, H, G, D), (torch.empty(B, H, Gp) if return_lse else None)
+    _point(self._args[Gp], self._qpad[Gp], k_pages, v_pages, kc, vc, window, self._obuf[Gp], lse)
+    write = k is not None and window is not None
+    f.q, f.G, f.out = q.data_ptr(), G, out.data_ptr()
+    f.k, f.v = (k.data_ptr(), v.data_ptr()) if k is not None else (None, None)
+    f.lanes, f.pos, f.lens = (lanes.data_ptr(), pos.data_ptr(), window.lens.data_ptr()) if write else (None, None, None)
     if lib().hqkv_cpu_decode_folded(ctypes.byref(self._args[Gp]), ctypes.byref(f), self._work[Gp].data_ptr()):
         raise RuntimeError(f"hqkv_cpu_decode_folded refused head_dim {D} / {G} query heads a group (at most 512 / {Gp})")
-    return out
+    return (out, lse[:, :, :G]) if return_lse else out
 
 def _fold(m) -> _Fold:
     "A `LayerMaps`' matrices as the kernel reads them (made once: kept in `m.native`, which keeps the tensors alive)."

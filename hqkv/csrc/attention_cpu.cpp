@@ -525,7 +525,7 @@ template<int G, bool LOADS> static void score(const Fmt& f, const uint8_t* base,
 }
 
 // acc[g] += sum_i p[g][i] v_i, D a multiple of 64: W values at a time for all rows (64 when G <= 4, else 32), the G x W/16
-// accumulators in registers. A row's 8 codewords are decoded at once (one gather): with W 32 the second half waits in `half`
+// accumulators in registers. A row's 8 codewords are decoded at once (codes8): with W 32 the second half waits in `half`
 // for the next pass. Each 16 values share a quarter, whose scale is folded into the row's weights once:
 // w[quarter][g][i] = p[g][i] sc[quarter][i] / 4, vector products over the block's rows
 template<int G, bool LOADS> static void accum(const Fmt& f, const uint8_t* base, int64_t stride, int n, const float* p, float* acc, float*) {
@@ -984,9 +984,8 @@ extern "C" void hqkv_cpu_e8_init(const int8_t* grid4) {   // once, at load
 }
 extern "C" void hqkv_cpu_e8_int8(uint64_t* out) { memcpy(out, E8_INT8, sizeof E8_INT8); }   // the table (for tests)
 
-// want: -1 best available, 0 portable, 1 AVX2 (float), 2 AVX-512 VNNI, 3 AVX2 int8 (vpmaddubsw), 4 AVX-VNNI (-1: the CPU lacks it)
-// how the AVX-512 kernels fetch hq-e8-2b patterns: want 1 loads, 0 a gather, -1 what this CPU does faster (loads on AMD: on
-// an EPYC Zen 4 its gather was the kernels' hottest instruction; a gather elsewhere, as measured on Intel Xeons); returns the choice
+// how the AVX-512 kernels fetch hq-e8-2b patterns (codes8's LOADS): want 1 loads, 0 a gather, -1 by the CPU (loads on AMD);
+// returns the choice
 extern "C" int hqkv_cpu_e8_loads(int want) {
     __builtin_cpu_init();
     g_e8_loads = want >= 0 ? (want > 0) : __builtin_cpu_is("amd") ? 1 : 0;
@@ -994,6 +993,7 @@ extern "C" int hqkv_cpu_e8_loads(int want) {
 }
 static inline int e8_row() { return g_isa == 2 && g_e8_loads == 1 ? 3 : g_isa - 2; }   // SCORE_E8_INT / ACCUM_E8_INT row
 
+// want: -1 best available, 0 portable, 1 AVX2 (float), 2 AVX-512 VNNI, 3 AVX2 int8 (vpmaddubsw), 4 AVX-VNNI (-1: the CPU lacks it)
 extern "C" int hqkv_cpu_isa(int want) {
     __builtin_cpu_init();
     bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
