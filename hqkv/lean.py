@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools, math
 import torch, torch.nn.functional as F
 from torch import Tensor, nn
-from .models.weights import Int8Linear, Int4Linear, Bf16Linear, _linear
+from .models.weights import Int8Linear, Int4Linear, Bf16Linear, F32Linear, _linear, _linear_f32
 
 # %% auto #0
 __all__ = ['LAYERS', 'LEAN_CLASSES', 'CHECK_TOL', 'FusedLinear', 'norm_weight', 'LeanLayer', 'check_lean', 'lean_refusal',
@@ -24,7 +24,7 @@ CHECK_TOL = 1e-2   # the largest difference to the layer's own forward allowed, 
 
 # %% ../nbs/40c_lean.ipynb #da00d21c
 _TENSORS = {nn.Linear: ("weight",), Int8Linear: ("weight_q", "scales"), Int4Linear: ("weight_q", "scales", "mins"),
-            Bf16Linear: ("weight_q",)}
+            Bf16Linear: ("weight_q",), F32Linear: ("weight_q",)}
 
 class FusedLinear:
     "Linear layers that read the same input as one product: their weights concatenated by rows, each layer left holding a view of its rows (no second copy)."
@@ -47,10 +47,11 @@ class FusedLinear:
                 if n == "weight": m.weight = nn.Parameter(cat[a:b], requires_grad=False)
                 else: setattr(m, n, cat[a:b])
     def __call__(self, x:Tensor, # float32 [rows, in], contiguous
-                 norm:tuple|None=None, # (weight, eps): x's rows RMS-normalized first (int8 / int4: by their kernels)
+                 norm:tuple|None=None, # (weight, eps): x's rows RMS-normalized first (int8 / int4 / float32: by their kernels)
                 ) -> Tensor: # [rows, sum of the outputs]
         m = self.mod
         if self.kind in (Int8Linear, Int4Linear): y = _linear(x, m.weight_q, m.scales, m.bits, getattr(m, "mins", None), norm)
+        elif self.kind is F32Linear: y = _linear_f32(x, m.weight_q, norm)
         else:
             if norm is not None: x = F.rms_norm(x, (x.shape[-1],), *norm)
             if self.kind is nn.Linear: return F.linear(x, m.weight, self.bias)

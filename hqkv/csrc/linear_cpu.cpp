@@ -143,6 +143,35 @@ template<int MT> static void rows4(const XQ& xq, int64_t m0, int64_t K, const ui
         }
     }
 }
+// float32 weights: MT activation rows against weight rows [n0, n1), as rows<MT> without the widening and the scales (any K:
+// the last K % 8 products in scalar code)
+template<int MT> static void rows_f32(const float* x, int64_t K, const float* w, int64_t n0, int64_t n1, int64_t N, float* y) {
+    constexpr int CH = MT == 1 ? 4 : MT == 2 ? 2 : 1;
+    const int64_t K8 = K & ~7;
+    for (int64_t n = n0; n < n1; ++n) {
+        const float* wn = w + n * K;
+        if (n + 2 < n1) for (int64_t o = 0; o < K; o += 16) _mm_prefetch((const char*)(wn + 2 * K + o), _MM_HINT_T0);
+        __m256 a[MT][CH];
+        for (int m = 0; m < MT; ++m) for (int c = 0; c < CH; ++c) a[m][c] = _mm256_setzero_ps();
+        int64_t k = 0;
+        for (; k + 32 <= K8; k += 32)
+            for (int c = 0; c < 4; ++c) {
+                const __m256 wv = _mm256_loadu_ps(wn + k + 8 * c);
+                for (int m = 0; m < MT; ++m) a[m][c % CH] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + m * K + k + 8 * c), a[m][c % CH]);
+            }
+        for (; k < K8; k += 8) {
+            const __m256 wv = _mm256_loadu_ps(wn + k);
+            for (int m = 0; m < MT; ++m) a[m][0] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + m * K + k), a[m][0]);
+        }
+        for (int m = 0; m < MT; ++m) {
+            __m256 t = a[m][0];
+            for (int c = 1; c < CH; ++c) t = _mm256_add_ps(t, a[m][c]);
+            float r = hsum(t);
+            for (int64_t j = K8; j < K; ++j) r += wn[j] * x[m * K + j];
+            y[m * N + n] = r;
+        }
+    }
+}
 }  // namespace avx
 #pragma GCC pop_options
 
@@ -286,6 +315,34 @@ extern "C" int hqkv_linear_int8(const float* x, int64_t M, int64_t K, const int8
             else if (mt == 2) avx::rows<2>(xm, K, w, s, n0, n1, N, ym);
             else avx::rows<1>(xm, K, w, s, n0, n1, N, ym);
             m0 += mt;
+        }
+    }
+    return 0;
+}
+
+// x [M, K] float32, w [N, K] float32, y [M, N] float32 (any K); nw (or null) and eps: the rows of x RMS-normalized first
+extern "C" int hqkv_linear_f32(const float* x, int64_t M, int64_t K, const float* w, int64_t N, float* y, int64_t threads,
+                               const float* nw, float eps) {
+    if (g_isa < 0) hqkv_linear_isa(-1);
+    std::vector<float> buf; x = norm_rows(x, M, K, nw, eps, buf);
+    const int64_t NB = 16;
+    const int64_t items = (N + NB - 1) / NB;
+    #pragma omp parallel for schedule(static) num_threads((int)threads) if (threads > 1)
+    for (int64_t it = 0; it < items; ++it) {
+        const int64_t n0 = it * NB, n1 = std::min(N, n0 + NB);
+        if (g_isa == 0) {
+            for (int64_t n = n0; n < n1; ++n) for (int64_t m = 0; m < M; ++m) {
+                float a = 0;
+                for (int64_t k = 0; k < K; ++k) a += w[n * K + k] * x[m * K + k];
+                y[m * N + n] = a;
+            }
+            continue;
+        }
+        for (int64_t m0 = 0; m0 < M; ) {
+            const int64_t left = M - m0; const float* xm = x + m0 * K; float* ym = y + m0 * N;
+            if (left >= 4) { avx::rows_f32<4>(xm, K, w, n0, n1, N, ym); m0 += 4; }
+            else if (left >= 2) { avx::rows_f32<2>(xm, K, w, n0, n1, N, ym); m0 += 2; }
+            else { avx::rows_f32<1>(xm, K, w, n0, n1, N, ym); m0 += 1; }
         }
     }
     return 0;

@@ -14,14 +14,15 @@ from ..native import build, cpu_model
 # %% auto #0
 __all__ = ['WEIGHTS', 'GROUP', 'DIRECT_ROWS', 'BF16_DIRECT_ROWS', 'KLD_TARGET', 'quantize_int8', 'linear_int8', 'int8_rows',
            'quantize_int4', 'dequantize_int4', 'linear_int4', 'Int8Linear', 'Int4Linear', 'native_bf16', 'linear_bf16',
-           'Bf16Linear', 'weight_bytes', 'int8_refusal', 'bf16_refusal', 'int4_keeps', 'HeadEmbedding',
-           'quantize_weights', 'keeps_targets', 'fastest_kept']
+           'Bf16Linear', 'linear_f32', 'F32Linear', 'weight_bytes', 'int8_refusal', 'bf16_refusal', 'int4_keeps',
+           'HeadEmbedding', 'quantize_weights', 'keeps_targets', 'fastest_kept']
 
 # %% ../../nbs/16a_models.weights.ipynb #a4cf0c34
-# engine.weights (auto: as int4, where int8 applies (`int8_refusal`); int4: where `int4_keeps`, else int8; bf16: `bf16_refusal`)
+# engine.weights (auto: as int4, where int8 applies (`int8_refusal`); int4: where `int4_keeps`, else int8; bf16: `bf16_refusal`;
+# fp32: the weights as loaded, run by `linear_f32` on float32 CPU models)
 WEIGHTS = ("auto", "fp32", "bf16", "int8", "int4")
 GROUP = 32                   # weights per scale
-DIRECT_ROWS = 32             # up to this many activation rows the kernels read the int8 / int4 weights directly
+DIRECT_ROWS = 32             # up to this many activation rows the kernels read the int8 / int4 / float32 weights directly
 BF16_DIRECT_ROWS = 8         # bf16: up to this many the kernel, beyond torch's bf16 product (oneDNN)
 
 _LIB = None
@@ -37,6 +38,7 @@ def _lib() -> ctypes.CDLL:
         l.hqkv_linear_isa.argtypes, l.hqkv_linear_isa.restype = [ctypes.c_int], ctypes.c_int
         l.hqkv_linear_bf16.argtypes, l.hqkv_linear_bf16.restype = [P, I, I, P, I, P, I], ctypes.c_int
         l.hqkv_linear_has_bf16.argtypes, l.hqkv_linear_has_bf16.restype = [], ctypes.c_int
+        l.hqkv_linear_f32.argtypes, l.hqkv_linear_f32.restype = [P, I, I, P, I, P, I, P, F32], ctypes.c_int
         l.hqkv_linear_isa(-1)
         _LIB = l
     return _LIB
@@ -223,6 +225,38 @@ class Bf16Linear(Int8Linear):
     def extra_repr(self):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, bf16"
 
+# %% ../../nbs/16a_models.weights.ipynb #9a0fa59d
+def linear_f32(x:Tensor, # float32 [M, K]
+               w:Tensor, # float32 [N, K]
+               norm:tuple|None=None, # (float32 weight [K], eps): x's rows RMS-normalized first, as `F.rms_norm`
+              ) -> Tensor: # float32 [M, N]: x w^T
+    "The product with float32 weights on CPU: the kernel up to `DIRECT_ROWS` rows (any K), else `torch.mm`."
+    M, K = x.shape; N = w.shape[0]
+    if w.dtype != torch.float32 or x.dtype != torch.float32:
+        raise TypeError(f"linear_f32 takes float32 x and w, got {x.dtype}, {w.dtype}")
+    if w.shape != (N, K): raise ValueError(f"linear_f32: x {tuple(x.shape)} and w {tuple(w.shape)} do not fit")
+    if not all(t.device.type == "cpu" and t.is_contiguous() for t in (x, w)):
+        raise ValueError("linear_f32 takes contiguous CPU tensors")
+    return _linear_f32(x, w, _norm_arg(norm, K))
+
+def _linear_f32(x, w, norm=None):
+    M, K = x.shape
+    if M > DIRECT_ROWS:
+        if norm is not None: x = torch.nn.functional.rms_norm(x, (K,), *norm)
+        return torch.mm(x, w.T)
+    y, (nw, eps) = torch.empty(M, len(w)), (None, 0.0) if norm is None else (norm[0].data_ptr(), norm[1])
+    _lib().hqkv_linear_f32(x.data_ptr(), M, K, w.data_ptr(), len(w), y.data_ptr(), torch.get_num_threads(), nw, eps)
+    return y
+
+class F32Linear(Int8Linear):
+    "An `nn.Linear` whose float32 weight (the same tensor, not a copy) is run by `linear_f32`."
+    bits = 32
+    def _store(self, w): self.register_buffer("weight_q", w if w.is_contiguous() else w.contiguous())
+    def _mm(self, x): return _linear_f32(x, self.weight_q)
+    def rows(self, ids:Tensor) -> Tensor: return self.weight_q[ids]
+    def extra_repr(self):
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, float32"
+
 # %% ../../nbs/16a_models.weights.ipynb #9117bd18
 def weight_bytes(model:nn.Module) -> int:
     "Bytes of the model's parameters and buffers (tied tensors once)."
@@ -316,9 +350,14 @@ def quantize_weights(model:nn.Module, # a float32 model on CPU, changed in place
     "Every `nn.Linear` of `model` (the output head too) in the `weights` format; an embedding tied to the head reads its rows."
     # auto: as int4 where `int8_refusal` has nothing against it, else as loaded
     # int4: int4 where `int4_keeps` it, else int8; bf16: where `bf16_refusal` has nothing against it
+    # fp32: each linear layer an `F32Linear` on its own weight where the model is float32 on CPU, else as loaded
     # other embeddings and the norms stay float32
     if weights not in WEIGHTS: raise ValueError(f"engine.weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
-    if weights == "fp32": return model
+    if weights == "fp32":
+        p = next(model.parameters())
+        if p.device.type == "cpu" and p.dtype == torch.float32:
+            for m, n, c, _ in _linears(model): setattr(m, n, F32Linear(c))
+        return model
     why = bf16_refusal(model) if weights == "bf16" else int8_refusal(model)
     if why and weights == "auto": return model
     if why: raise ValueError(f"engine.weights={weights}: {why}: use engine.weights=auto or fp32")
