@@ -45,7 +45,7 @@ def load_model(spec:str, dtype:str="float32", device:str="cpu",
     key = (str(spec), dtype, str(torch.device(device)), weights)
     if key not in _MODELS:
         lm = load_causal_lm(spec, _DTYPES[dtype], device)
-        # fp32: as loaded; int8/int4/bf16 where they cannot apply: ValueError; auto: int8 where it applies
+        # fp32: as loaded (on CPU through `F32Linear`); int8/int4/bf16 where they cannot apply: ValueError; auto: int8 where it applies
         quantize_weights(lm.model, weights)
         _MODELS[key] = lm
     return _MODELS[key]

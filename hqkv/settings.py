@@ -75,7 +75,7 @@ SETTINGS = (
     Setting("weights", "engine.weights", "str", "auto", "--weights",
             "the linear layers' weights: int8 (one scale per 32 weights; float32 models on CPU), int4 (ggml's Q4_1 "
             "where a layer's weights are on a 4-bit grid already, int8 elsewhere), bf16 (CPUs with native bf16 dot "
-            "products), fp32 (as loaded) or auto (int4's choice where int8 applies)"),
+            "products), fp32 (as loaded; on CPU run by hqkv's float32 kernel) or auto (int4's choice where int8 applies)"),
     Setting("layers", "engine.layers", "str", "auto", "--layers",
             "the decoder layers' forward: lean (hqkv.lean: fused products, a few torch calls a layer; Llama, "
             "Mistral, Qwen2/3 and Gemma 2/3 on CPU in float32), transformers (the model's own) or auto (lean where "
