@@ -20,7 +20,7 @@ LAYERS = [  # lowest first; a module may import any module of a lower layer
     ["attention"],                      # attention over pages: the reference, its checks
     ["layer_maps"],                     # a layer's fixed maps folded into matrices (the CPU kernels apply them)
     ["kernels", "attention_cpu", "window"],   # the Triton and CPU kernels; the exact window
-    ["models.weights"],                 # int8 linear layers (built like the CPU attention kernels)
+    ["models.weights"],                 # int8, int4, bf16 and float32 linear layers (built like the CPU attention kernels)
     ["allocator"],                      # the pool's bookkeeping: pages, reservations, prefix index (no tensors)
     ["pool"],                           # pages in bytes
     ["backends", "scheduler", "lean"],  # attention backends behind one protocol; admission; decoder layers in a few calls

@@ -196,14 +196,16 @@ def linear_bf16(x:Tensor, # float32 [M, K]
                 w:Tensor, # bfloat16 [N, K]
                ) -> Tensor: # float32 [M, N]
     "The product with bf16 weights (native bf16 CPUs): the kernel up to `BF16_DIRECT_ROWS` rows, else torch's bf16 `mm`."
-    M, K = x.shape; N = w.shape[0]
-    if w.dtype != torch.bfloat16 or x.dtype != torch.float32:
-        raise TypeError(f"linear_bf16 takes float32 x and bfloat16 w, got {x.dtype}, {w.dtype}")
-    if w.shape != (N, K): raise ValueError(f"linear_bf16: x {tuple(x.shape)} and w {tuple(w.shape)} do not fit")
-    if not all(t.device.type == "cpu" and t.is_contiguous() for t in (x, w)):
-        raise ValueError("linear_bf16 takes contiguous CPU tensors")
+    _check_dense("linear_bf16", x, w, torch.bfloat16, "float32 x and bfloat16 w")
     if not native_bf16(): raise RuntimeError(_no_bf16())
     return _linear_bf16(x, w)
+
+def _check_dense(fn:str, x:Tensor, w:Tensor, wtype:torch.dtype, takes:str):
+    "The checks of a product with unscaled weights (`linear_bf16`, `linear_f32`): float32 x [M, K], w [N, K] of `wtype`, on CPU."
+    if w.dtype != wtype or x.dtype != torch.float32: raise TypeError(f"{fn} takes {takes}, got {x.dtype}, {w.dtype}")
+    if x.dim() != 2 or w.shape != (len(w), x.shape[1]):
+        raise ValueError(f"{fn}: x {tuple(x.shape)} and w {tuple(w.shape)} do not fit")
+    if not all(t.device.type == "cpu" and t.is_contiguous() for t in (x, w)): raise ValueError(f"{fn} takes contiguous CPU tensors")
 
 def _linear_bf16(x, w):
     if len(x) > BF16_DIRECT_ROWS: return torch.mm(x.bfloat16(), w.T).float()
@@ -231,13 +233,8 @@ def linear_f32(x:Tensor, # float32 [M, K]
                norm:tuple|None=None, # (float32 weight [K], eps): x's rows RMS-normalized first, as `F.rms_norm`
               ) -> Tensor: # float32 [M, N]: x w^T
     "The product with float32 weights on CPU: the kernel up to `DIRECT_ROWS` rows (any K), else `torch.mm`."
-    M, K = x.shape; N = w.shape[0]
-    if w.dtype != torch.float32 or x.dtype != torch.float32:
-        raise TypeError(f"linear_f32 takes float32 x and w, got {x.dtype}, {w.dtype}")
-    if w.shape != (N, K): raise ValueError(f"linear_f32: x {tuple(x.shape)} and w {tuple(w.shape)} do not fit")
-    if not all(t.device.type == "cpu" and t.is_contiguous() for t in (x, w)):
-        raise ValueError("linear_f32 takes contiguous CPU tensors")
-    return _linear_f32(x, w, _norm_arg(norm, K))
+    _check_dense("linear_f32", x, w, torch.float32, "float32 x and w")
+    return _linear_f32(x, w, _norm_arg(norm, x.shape[1]))
 
 def _linear_f32(x, w, norm=None):
     M, K = x.shape
