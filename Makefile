@@ -84,7 +84,8 @@ bench-engine: $(STAMP)
 	$(BIN)/nbdev-test --n-workers 1 --flags slow --timing --cell-timeout 5400 nbs/studies/53a_engine_context.ipynb
 
 ## bench-weights: int8 and int4 against float32 weights on three real models: KLD, top-1 and greedy agreement; decode and prefill
-## tokens/s at 1K against transformers' own forward and llama.cpp (nbs/16a_models.weights' slow cells -> nbs/results/weights.json); the
+## tokens/s at 1K against transformers' own forward and llama.cpp (nbs/16a_models.weights' slow cells -> nbs/results/weights.json,
+## and the float32 kernel against torch's product -> linear_f32.json); the
 ## decode step with lean layers and transformers' (nbs/40c_lean -> nbs/results/lean_layers.json)
 bench-weights: $(STAMP)
 	$(BIN)/nbdev-test --n-workers 1 --flags slow --timing --cell-timeout 3600 nbs/16a_models.weights.ipynb
