@@ -98,12 +98,14 @@ bench-weights: $(STAMP)
 ## (`hqkv calibrate --rotate`), which ships where it measures lower (nbs/studies/59f_key_rotation -> key_rotation.json),
 ## and that command's time as a user runs it (-> calibrate_time.json); then why Qwen2.5's plan collapses beyond 8K, the
 ## plan with the reach check, and the profile read out to the model's context, which ships for Qwen2.5, at 4K/16K/32K
-## (nbs/studies/59g_long_keys -> long_keys*.json; HQKV_LONG_KEYS picks its sections)
+## (nbs/studies/59g_long_keys -> long_keys*.json; HQKV_LONG_KEYS picks its sections); then the keys' mean before RoPE taken
+## out at each position and added back when read, simulated on the shipped plans (nbs/studies/59h_turned_mean -> turned_mean.json)
 bench-plan: $(STAMP) bench-texts
 	$(BIN)/nbdev-test --n-workers 1 --flags slow --timing --cell-timeout 7200 nbs/studies/59b_plan_proxy.ipynb
 	$(BIN)/nbdev-test --n-workers 1 --flags slow --timing --cell-timeout 7200 nbs/studies/59e_per_head_plan.ipynb
 	$(BIN)/nbdev-test --n-workers 1 --flags slow --timing --cell-timeout 7200 nbs/studies/59f_key_rotation.ipynb
 	$(BIN)/nbdev-test --n-workers 1 --flags slow --timing --cell-timeout 7200 nbs/studies/59g_long_keys.ipynb
+	$(BIN)/nbdev-test --n-workers 1 --flags slow --timing --cell-timeout 7200 nbs/studies/59h_turned_mean.ipynb
 
 ## bench-context: attention alone for one layer at 1K-32K tokens, head dims 64/128/256, GQA 1/4/8, every format the CPU kernels
 ## read, against bf16 pages and the gather path, with a STREAM-like triad for the machine's bandwidth (nbs/34_attention.cpu's
