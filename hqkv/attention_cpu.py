@@ -17,8 +17,8 @@ from .attention import ExactWindow, _pair, _check_pages, _check_q, _check_table,
 
 # %% auto #0
 __all__ = ['SOURCE', 'ISAS', 'E8_LOOKUPS', 'CPU_FORMATS', 'e8_tables', 'lib', 'set_isa', 'isas_here', 'set_e8_lookup',
-           'cpu_format', 'cpu_formats', 'e8_int8_table', 'integer_keys', 'int8_query', 'held_spans', 'DecodePlan',
-           'paged_decode_cpu', 'paged_prefill_cpu']
+           'cpu_format', 'cpu_formats', 'e8_int8_table', 'integer_keys', 'int8_query', 'held_spans', 'turn_tables',
+           'turn_inputs', 'DecodePlan', 'paged_decode_cpu', 'paged_prefill_cpu']
 
 # %% ../nbs/34_attention.cpu.ipynb #512fa3f2
 # float32 [256*8 + 256*16]: magnitudes, then per low byte: sign masks (as float bits), signed shifts
@@ -49,7 +49,9 @@ class _Args(ctypes.Structure):
     "One decode call (C++ `Args`)."
     _fields_ = [(n, ctypes.c_void_p) for n in _PTRS] + [(n, ctypes.c_int64) for n in _INTS] + \
                [("kf", ctypes.POINTER(_Fmt)), ("vf", ctypes.POINTER(_Fmt))] + \
-               [(n, ctypes.c_void_p) for n in ("k_off", "v_off", "wf", "w_off")]   # per head; wf, w_off: set by the C++
+               [(n, ctypes.c_void_p) for n in ("k_off", "v_off", "wf", "w_off")] + \
+               [(n, ctypes.c_void_p) for n in ("qt", "turn_tab", "turn_base")] + [("turn_blocks", ctypes.c_int64)]
+               # k_off ...: per head; wf, w_off: set by the C++; qt ...: a turned mean's term (`turn_tables`)
 
 class _Fold(ctypes.Structure):
     "A folded decode step's maps and rows (C++ `Fold`; `DecodePlan.run_folded`)."
@@ -211,8 +213,11 @@ def _args(B:int, H:int, Gp:int, D:int, P:int, spans:Tensor, indptr:Tensor, indic
     a.spans, a.indptr, a.indices = spans.data_ptr(), indptr.data_ptr(), indices.data_ptr()
     return a
 
-def _point(a:_Args, qr:Tensor, k_pages, v_pages, kc, vc, window, out:Tensor, lse:Tensor|None):
-    "Point a call's fields at one layer: its query buffer, pages, formats, window and outputs."
+def _point(a:_Args, qr:Tensor, k_pages, v_pages, kc, vc, window, out:Tensor, lse:Tensor|None, turn:tuple|None=None):
+    "Point a call's fields at one layer: its query buffer, pages, formats, window, outputs and turned mean's (qt, tables)."
+    qt, tab, base = (None, None, None) if turn is None else turn
+    a.qt, a.turn_tab, a.turn_base = (None if t is None else t.data_ptr() for t in (qt, tab, base))
+    a.turn_blocks = 0 if base is None else base.shape[0]
     (a.kf, a.k_off, a.k_tok_bytes), (a.vf, a.v_off, a.v_tok_bytes) = _heads_format(kc, a.H), _heads_format(vc, a.H)
     a.q, a.k_pages, a.v_pages = qr.data_ptr(), k_pages.data_ptr(), v_pages.data_ptr()
     a.out, a.lse = out.data_ptr(), (None if lse is None else lse.data_ptr())
@@ -220,12 +225,39 @@ def _point(a:_Args, qr:Tensor, k_pages, v_pages, kc, vc, window, out:Tensor, lse
         a.k_sink, a.v_sink, a.k_ring, a.v_ring = (t.data_ptr() for t in (window.k_sink, window.v_sink,
                                                                          window.k_recent, window.v_recent))
 
-def _call(a:_Args, qr:Tensor, k_pages, v_pages, kc, vc, window, work:Tensor) -> tuple[Tensor, Tensor]:
+def _call(a:_Args, qr:Tensor, k_pages, v_pages, kc, vc, window, work:Tensor, turn=None) -> tuple[Tensor, Tensor]:
     "Run the kernel on a layer: qr [B, H, Gp, D] rotated, scaled -> (out [B, H, Gp, D] values' domain, lse [B, H, Gp])."
     out, lse = torch.empty(qr.shape), torch.empty(qr.shape[:3])
-    _point(a, qr, k_pages, v_pages, kc, vc, window, out, lse)
+    _point(a, qr, k_pages, v_pages, kc, vc, window, out, lse, turn)
     lib().hqkv_cpu_decode(ctypes.byref(a), work.data_ptr())
     return out, lse
+
+# %% ../nbs/34_attention.cpu.ipynb #8e1dd5de
+_TURN_TABLES = {}   # omega's bytes -> (tab, base), base grown by doubling
+
+def turn_tables(omega:Tensor, # float64 [D/2]: a layer's RoPE angles per position (`KeyProfile.omega`)
+                n:int, # positions read: 0 .. n-1
+               ) -> tuple[Tensor, Tensor]: # float32 tab [64, D], base [>= n/64, D]
+    "A turned mean's tables for the kernels: (cos, sin) of o omega for o < 64, and of 64 k omega (position 64 k + o)."
+    w = omega.detach().to("cpu", torch.float64).contiguous()
+    key, K = w.numpy().tobytes(), max(1, -(-n // 64))
+    t = _TURN_TABLES.get(key)
+    if t is None or t[1].shape[0] < K:
+        K = max(K, 2 * (0 if t is None else t[1].shape[0]))
+        cs = lambda p: (lambda a: torch.cat([a.cos(), a.sin()], -1).float().contiguous())(p.double()[:, None] * w)
+        t = _TURN_TABLES[key] = (cs(torch.arange(64)), cs(64 * torch.arange(K)))
+    return t
+
+def turn_inputs(qt:Tensor, # float [B, H*G, D] or [B, H, G, D]: the queries' side of the term (`KeyProfile.turn_query`)
+                omega:Tensor, G:int, Gp:int, scale:float, n:int) -> tuple[Tensor, Tensor, Tensor]:
+    "What `_point` takes for a turned mean: (qt [B, H, Gp, D] times the scale, zero padded; tab; base)."
+    B, D = qt.shape[0], qt.shape[-1]
+    if qt.numel() % (B * G * D) or tuple(omega.shape) != (D // 2,):
+        raise ValueError(f"a turned mean's qt {tuple(qt.shape)} and omega {tuple(omega.shape)} do not fit {G} query "
+                         f"heads a group of head_dim {D}")
+    q = qt.float().reshape(B, -1, G, D) * scale
+    qp = q if Gp == G else torch.cat([q, q.new_zeros(*q.shape[:2], Gp - G, D)], 2)
+    return (qp.contiguous(), *turn_tables(omega, n))
 
 # %% ../nbs/34_attention.cpu.ipynb #a61d669f
 def _check_cpu(*ts, what="paged_decode_cpu"):
@@ -294,7 +326,9 @@ def _check_layer(self:DecodePlan, q:Tensor, k_pages:Tensor, v_pages:Tensor, code
 def run(self:DecodePlan, q:Tensor, # float [B, Hq, D], original domain
         k_pages:Tensor, v_pages:Tensor, # this layer's pages
         codec:Codec, scale:float|None=None, window:ExactWindow|None=None,
-        return_lse:bool=False) -> Tensor|tuple[Tensor, Tensor]:
+        return_lse:bool=False,
+        turn:tuple|None=None, # a turned mean: (qt [B, Hq, D] `KeyProfile.turn_query` of q, the layer's omega [D/2])
+       ) -> Tensor|tuple[Tensor, Tensor]:
     "One layer's decode attention over the planned table: `paged_decode_cpu`'s result."
     G = self._check_layer(q, k_pages, v_pages, codec, window)
     kc, vc = _pair(codec, True)
@@ -303,7 +337,7 @@ def run(self:DecodePlan, q:Tensor, # float [B, Hq, D], original domain
     # the query rotated into the keys' domain and the output back, each once, by the kernel: a folded call with the rotations
     # as its only maps and no new rows (the window holds the step's tokens already)
     out, lse = self.run_folded(q.float().contiguous().view(B, H, G, D), None, None, _rotation_maps(kc, vc, D, scale),
-                               k_pages, v_pages, kc, vc, window, return_lse=True)
+                               k_pages, v_pages, kc, vc, window, return_lse=True, turn=turn)
     o = out.view(B, H * G, D).to(q.dtype)
     return (o, lse.reshape(B, H * G)) if return_lse else o
 
@@ -344,12 +378,14 @@ def run_folded(self:DecodePlan, q:Tensor, # float32 [B, H, G, D]: the model's qu
                maps, # the layer's `hqkv.layer_maps.LayerMaps`
                k_pages:Tensor, v_pages:Tensor, kc:Codec, vc:Codec, window:ExactWindow|None=None,
                lanes:Tensor|None=None, pos:Tensor|None=None, # int64 [B]: each row's window lane and position
-               return_lse:bool=False) -> Tensor|tuple[Tensor, Tensor]: # [B, H, G, D] float32, the model's domain (and lse)
+               return_lse:bool=False, turn:tuple|None=None, # as `run`
+              ) -> Tensor|tuple[Tensor, Tensor]: # [B, H, G, D] float32, the model's domain (and lse)
     "One unchecked call for a decode step's layer: maps applied, the new rows into the window, attention, map back."
     B, H, G, D = q.shape
     Gp, f = self._buffers(G), _Fold.from_buffer_copy(_fold(maps))   # a copy: the cached maps are shared across calls and threads
     out, lse = torch.empty(B, H, G, D), (torch.empty(B, H, Gp) if return_lse else None)
-    _point(self._args[Gp], self._qpad[Gp], k_pages, v_pages, kc, vc, window, self._obuf[Gp], lse)
+    tt = None if turn is None else turn_inputs(*turn, G, Gp, maps.scale, max(self.lens))
+    _point(self._args[Gp], self._qpad[Gp], k_pages, v_pages, kc, vc, window, self._obuf[Gp], lse, tt)
     write = k is not None and window is not None
     f.q, f.G, f.out = q.data_ptr(), G, out.data_ptr()
     f.k, f.v = (k.data_ptr(), v.data_ptr()) if k is not None else (None, None)
@@ -382,17 +418,23 @@ def paged_decode_cpu(q:Tensor, # float [B, Hq, D], original domain; Hq a multipl
                      return_lse:bool=False, # also return the log-sum-exp of the scaled scores, float32 [B, Hq]
                      threads:int|None=None, # default torch.get_num_threads()
                      chunk:int|None=None, # positions per work item
+                     # a turned mean (`hqkv.keyprofile`): (qt [B, Hq, D], `KeyProfile.turn_query` of the queries, and the
+                     # layer's omega [D/2]); the term qt . turn_keys(p) is added to the score of the row at position p
+                     turn:tuple|None=None,
                     ) -> Tensor|tuple[Tensor, Tensor]: # o [B, Hq, D] in q's dtype (and lse)
     "`paged_decode` by the C++ kernels: pages read in place, FP32 online softmax, splits merged by log-sum-exp."
     plan = DecodePlan(k_pages, v_pages, indptr, indices, last_page_len, codec, window, window_slots, threads, chunk)
-    return plan.run(q, k_pages, v_pages, codec, scale, window, return_lse)
+    return plan.run(q, k_pages, v_pages, codec, scale, window, return_lse, turn)
 
 # %% ../nbs/34_attention.cpu.ipynb #751204dd
-def _own_part(qr:Tensor, kr:Tensor, vr:Tensor, G:int) -> tuple[Tensor, Tensor]:
+def _own_part(qr:Tensor, kr:Tensor, vr:Tensor, G:int,
+              bias:Tensor|None=None, # [C, H*G, C]: added to the scores (a turned mean's term)
+             ) -> tuple[Tensor, Tensor]:
     "A chunk's causal attention over itself: qr [C, H*G, D] (scaled), kr/vr [C, H, D] -> (o [H, C*G, D], lse [H, C*G])."
     C, Hq, D = qr.shape; H = kr.shape[1]
     rows = qr.reshape(C, H, G, D).transpose(0, 1).reshape(H, C * G, D)
     s = torch.einsum("hmd,nhd->hmn", rows, kr)
+    if bias is not None: s = s + bias.reshape(C, H, G, C).transpose(0, 1).reshape(H, C * G, C)
     causal = torch.arange(C)[None, :] <= torch.arange(C).repeat_interleave(G)[:, None]
     s = s.masked_fill(~causal, -math.inf)
     lse = torch.logsumexp(s, -1)
@@ -409,6 +451,7 @@ def paged_prefill_cpu(q:Tensor,
                       codec:Codec, scale:float|None=None,
                       window:ExactWindow|None=None, window_slots:Tensor|None=None,
                       return_lse:bool=False, threads:int|None=None, chunk:int|None=None,
+                      turn:tuple|None=None, # a turned mean: (qt [T, Hq, D], omega [D/2]), as `paged_decode_cpu`
                      ) -> Tensor|tuple[Tensor, Tensor]: # o [T, Hq, D] in q's dtype (and lse float32 [T, Hq])
     "`paged_prefill`: the prefix read in place by the kernels, the chunk's causal part in torch, merged by log-sum-exp."
     num_pages, P, H = _check_pages(k_pages, v_pages, codec, True)
@@ -441,12 +484,22 @@ def paged_prefill_cpu(q:Tensor,
     spans = _spans(pl, window, slots)
     a = _args(B, H, Gp, D, P, spans, indptr, indices, (window.sinks, window.recent) if window is not None else (0, 0),
               threads, chunk)
-    o1, l1 = _call(a, Q, k_pages, v_pages, kc, vc, window, torch.empty(items * H * Gp * (D + 2)))
+    tt, qt = None, None
+    if turn is not None:                                   # the queries' side, laid out as Q
+        qt = turn[0].float() * scale
+        Qt = torch.zeros(B, H, Gp, D)
+        for b in range(B): Qt[b, :, :(qo[b + 1] - qo[b]) * G] = qt[qo[b]:qo[b + 1]].reshape(-1, H, G, D).transpose(0, 1).reshape(H, -1, D)
+        tt = (Qt, *turn_tables(turn[1], max(pl)))
+    o1, l1 = _call(a, Q, k_pages, v_pages, kc, vc, window, torch.empty(items * H * Gp * (D + 2)), tt)
     out, lse = torch.empty(T, H, G, D), torch.empty(T, H, G)
     for b in range(B):
         a, e = qo[b], qo[b + 1]; C = e - a
         if C == 0: continue
-        o2, l2 = _own_part(qr[a:e], kr[a:e], vr[a:e], G)
+        bias = None
+        if turn is not None:
+            ang = (pl[b] + torch.arange(C)).double()[:, None] * turn[1].double().cpu()
+            bias = qt[a:e] @ torch.cat([ang.cos(), ang.sin()], -1).float().T   # [C, Hq, C]
+        o2, l2 = _own_part(qr[a:e], kr[a:e], vr[a:e], G, bias)
         x1, y1 = o1[b, :, :C * G], l1[b, :, :C * G]
         m = torch.maximum(y1, l2)                               # l2 is finite: a query always sees itself
         w1, w2 = torch.exp(y1 - m), torch.exp(l2 - m)

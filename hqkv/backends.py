@@ -118,7 +118,7 @@ def gqa_attention(q:Tensor, # float32 [n, Hq, D]: a chunk's queries at positions
         s = torch.tanh(rows @ Kt.transpose(1, 2) * (scale / softcap)) * softcap
         if mask is not None: s = s.masked_fill(~mask, float("-inf"))
         o = s.softmax(-1) @ Vt
-    return o.view(Hkv, n, G, D).transpose(0, 1).reshape(n, Hq, D)
+    return o.view(Hkv, n, G, -1).transpose(0, 1).reshape(n, Hq, -1)   # V's head size (q's and K's may be longer)
 
 # %% ../nbs/36_backends.ipynb #673db775
 @dataclass(slots=True)

@@ -20,7 +20,7 @@ from .keystats import profile_stats, rotated_profile
 # %% auto #0
 __all__ = ['CAPTURE_ATTN', 'REACH_LIMIT', 'PROXY_ATTN', 'TURNED', 'METHODS', 'REACH_ATTN', 'calibrate_hf', 'row_sensitivity',
            'attention_grads', 'coded_reads', 'row_codes', 'coded_errors', 'proxy_sensitivity', 'key_reach',
-           'calibrate_plan', 'mixed_profile', 'calibrate_report']
+           'turned_mean', 'calibrate_plan', 'mixed_profile', 'calibrate_report']
 
 # %% ../nbs/15_calibrate.ipynb #d8927bd9
 CAPTURE_ATTN = "hqkv_capture"   # the attention implementation `calibrate_hf` runs the model with
@@ -443,6 +443,75 @@ def key_reach(model, # a transformers causal LM
             rms.append(torch.stack([torch.stack([_key_rms(p, i, keys[l]) for l, i in slot.items()])
                                     for p in profs]))                                  # [profiles, layers, kv_heads]
     return (torch.stack(rms[1:]) / rms[0].clamp_min(1e-30)).amax((0, 1))
+
+# %% ../nbs/15_calibrate.ipynb #0ca7ba24
+def _rotate_half(x:Tensor, cos:Tensor, sin:Tensor) -> Tensor: # RoPE as Llama, Qwen2 and Gemma 3 apply it
+    h = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., h:], x[..., :h]], -1) * sin
+
+class _RopeRecorder:
+    "Per layer: the sum of pre-RoPE keys (positions >= skip) and the cos/sin rows of every position, checked as they come."
+    def __init__(self, n_layers:int, skip:int): self.n, self.skip, self.calls, self.pos, self.sums, self.cs = n_layers, skip, 0, 0, {}, {}
+    def __call__(self, orig, q, k, cos, sin, *a, **kw):
+        qo, ko = orig(q, k, cos, sin, *a, **kw)
+        l, T = self.calls % self.n, k.shape[2]
+        c, s = cos[0].double(), sin[0].double()
+        if c.shape != (T, k.shape[-1]) or not torch.allclose(ko[0], _rotate_half(k[0], cos[0], sin[0]), atol=1e-4, rtol=1e-4):
+            raise ValueError(f"layer {l}'s apply_rotary_pos_emb is not the rotate-half RoPE the turned mean reads")
+        x = k[0, :, max(0, self.skip - self.pos):].double().sum(1)          # [H, D]
+        self.sums[l] = self.sums.get(l, 0) + x
+        self.cs.setdefault(l, []).append((self.pos, c, s))
+        self.calls += 1
+        return qo, ko
+
+# %% ../nbs/15_calibrate.ipynb #85eb8788
+def _omega(cs:list, what:str) -> tuple[float, Tensor]: # (cos/sin scale, float64 angles [D/2]) from [(first pos, cos, sin)]
+    pos = torch.cat([p + torch.arange(c.shape[0]) for p, c, _ in cs]); c = torch.cat([c for _, c, _ in cs]); s = torch.cat([x for *_, x in cs])
+    h = c.shape[1] // 2
+    if not (torch.equal(c[:, :h], c[:, h:]) and torch.equal(s[:, :h], s[:, h:])) or pos[0] != 0 or pos.numel() < 3:
+        raise ValueError(f"{what}: RoPE's cos/sin are not one angle per channel pair (j, j + D/2) from position 0")
+    scale = float(c[0, 0]); c, s = c[:, :h] / scale, s[:, :h] / scale
+    w1 = torch.atan2(s[1], c[1])                                             # an angle per position, then refined at the last
+    N = float(pos[-1]); aN = torch.atan2(s[-1], c[-1])
+    w = (aN + 2 * torch.pi * torch.round((w1 * N - aN) / (2 * torch.pi))) / N
+    a = pos[:, None].double() * w
+    err = max(float((a.cos() - c).abs().max()), float((a.sin() - s).abs().max()))
+    if not err < 5e-3: raise ValueError(f"{what}: RoPE's angles are not position x a fixed angle per pair (off by {err:.2g})")
+    return scale, w
+
+# %% ../nbs/15_calibrate.ipynb #b0b9600b
+def turned_mean(model, # a transformers causal LM whose modeling module applies RoPE with `apply_rotary_pos_emb`
+                token_ids, # 1-D token ids of the calibration text (<bos> first)
+                skip:int=32, # leading positions left out of the mean (the sinks)
+                chunk:int=1024, # tokens per forward
+               ) -> tuple[Tensor, Tensor]: # (turn [n_attn_layers, kv_heads, D], omega float64 [n_attn_layers, D/2])
+    "The keys' mean before RoPE of each full-attention layer, and RoPE's angles: `KeyProfile.with_turned_mean`'s inputs."
+    from transformers import DynamicCache
+    from hqkv.models.load import geometry_of
+    mod = sys.modules[type(model).__module__]
+    if not callable(getattr(mod, "apply_rotary_pos_emb", None)):
+        raise ValueError(f"{type(model).__name__}: its module has no apply_rotary_pos_emb, so hqkv cannot read its keys "
+                         "before RoPE for a turned mean")
+    ids = torch.as_tensor(token_ids).reshape(-1)
+    if ids.numel() < skip + 3: raise ValueError(f"turned_mean needs more than {skip + 2} tokens, got {ids.numel()}")
+    g, n = geometry_of(model.config), model.config.get_text_config().num_hidden_layers
+    rec, orig = _RopeRecorder(n, skip), mod.apply_rotary_pos_emb
+    mod.apply_rotary_pos_emb = lambda *a, **kw: rec(orig, *a, **kw)
+    try:
+        with torch.inference_mode():
+            cache, dev = DynamicCache(config=model.config), next(model.parameters()).device
+            for a in range(0, ids.numel(), chunk):
+                model(input_ids=ids[None, a:a + chunk].to(dev), past_key_values=cache, use_cache=True, logits_to_keep=1)
+                if rec.calls != n * (a // chunk + 1):
+                    raise ValueError(f"apply_rotary_pos_emb ran {rec.calls} times in {a // chunk + 1} forwards of a "
+                                     f"{n}-layer model, not once per layer")
+                rec.pos = min(ids.numel(), a + chunk)
+    finally: mod.apply_rotary_pos_emb = orig
+    turn, omega = [], []
+    for l in g.attn_ids:
+        scale, w = _omega(rec.cs[l], f"layer {l}")
+        turn.append((rec.sums[l] / (ids.numel() - skip) * scale).float()); omega.append(w)
+    return torch.stack(turn), torch.stack(omega)
 
 # %% ../nbs/15_calibrate.ipynb #3e40d3d7
 def calibrate_plan(model, windows:list, budget, # bits per value, or bytes per token ('432B')

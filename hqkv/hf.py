@@ -6,6 +6,7 @@ Docs: https://hqkv.github.io/hqkv/hf.html.md"""
 
 # %% ../nbs/70_hf.ipynb #674ce1c7
 from __future__ import annotations
+import functools
 from contextvars import ContextVar
 from pathlib import Path
 import torch
@@ -58,10 +59,11 @@ class HQKVLayer(CacheLayerMixin):
             raise ValueError(f"HQKVLayer: keys have head_dim {D}, but the {self.codec.name} codec was built for "
                              f"head_dim {self.codec.head_dim}")
         self.device, self.dtype, self.kv_heads = key_states.device, key_states.dtype, H
-        self.seqs = [SeqKV(self.codec, H, self.sinks, self.recent, self.device, self.k_codec) for _ in range(B)]
+        if self.profile is not None: self.profile = self.profile.to(self.device)   # once, not per call
+        tk = None if getattr(self.profile, "turn", None) is None else functools.partial(self.profile.turn_keys, self.slot)
+        self.seqs = [SeqKV(self.codec, H, self.sinks, self.recent, self.device, self.k_codec, tk) for _ in range(B)]
         self.path = "paged" if _attn_impl(self.config) == ATTN_NAME else "decoded"
         self._valid = torch.zeros(B, 0, dtype=torch.bool, device=self.device)
-        if self.profile is not None: self.profile = self.profile.to(self.device)   # once, not per call
         self.is_initialized = True
     def update(self, key_states:Tensor, value_states:Tensor, # [B, kv_heads, T, D]: the chunk, post-RoPE
                *args, **kwargs)->tuple[Tensor, Tensor]:
@@ -97,16 +99,20 @@ class HQKVLayer(CacheLayerMixin):
 def _store_decoded(self:HQKVLayer, key_states:Tensor, value_states:Tensor)->tuple[Tensor, Tensor]:
     "Decoded path: code the chunk into every sequence, return [decoded prefix; chunk] for the model's own attention."
     old = [s.decoded() for s in self.seqs]
-    if self.profile is not None: old = [(self.profile.restore_keys(self.slot, k), v) for k, v in old]
+    if self.profile is not None:
+        old = [(self.profile.restore_keys(self.slot, k, torch.arange(len(k), device=k.device)), v) for k, v in old]
     for b, s in enumerate(self.seqs):
-        s.append(self._keys(key_states[b].transpose(0, 1)), value_states[b].transpose(0, 1))
+        s.append(self._keys(key_states[b].transpose(0, 1), s.n), value_states[b].transpose(0, 1))
     self.cumulative_length += key_states.shape[2]
     ks = torch.stack([k for k, _ in old]).transpose(1, 2).to(key_states.dtype)
     vs = torch.stack([v for _, v in old]).transpose(1, 2).to(value_states.dtype)
     return torch.cat([ks, key_states], 2), torch.cat([vs, value_states], 2)
 
 @patch
-def _keys(self:HQKVLayer, k:Tensor)->Tensor: return k if self.profile is None else self.profile.apply_keys(self.slot, k)
+def _keys(self:HQKVLayer, k:Tensor, # [T, kv_heads, D]: a sequence's new keys
+          at:int)->Tensor: # the position of the first (a turned mean takes out its own per position)
+    if self.profile is None: return k
+    return self.profile.apply_keys(self.slot, k, torch.arange(at, at + k.shape[0], device=k.device))
 
 @patch
 def reset(self:HQKVLayer):
@@ -167,12 +173,13 @@ def attend(self:HQKVLayer, query:Tensor, # [B, Hq, T, D]
     for b, s in enumerate(self.seqs):
         idx = new[b].nonzero()[:, 0]
         if idx.numel() == 0: continue
-        q, k, v = (query[b, :, idx].transpose(0, 1), self._keys(key[b, :, idx].transpose(0, 1)),
+        q, k, v = (query[b, :, idx].transpose(0, 1), self._keys(key[b, :, idx].transpose(0, 1), s.n),
                    value[b, :, idx].transpose(0, 1))
-        # q' . k' = q . k - q . mu: same softmax
+        # q' . k' = q . k - q . mu: same softmax; a turned mean's term comes back through qt
+        qt = None if s.turn_keys is None else self.profile.turn_query(self.slot, q)
         if self.profile is not None: q = self.profile.apply_query(self.slot, q)
-        if self.decode_reads: out[b, idx] = s.attend_as_decode(q, k, v, scale).to(out.dtype)
-        else: out[b, idx] = s.attend(q, k, v, scale).to(out.dtype); s.append(k, v)
+        if self.decode_reads: out[b, idx] = s.attend_as_decode(q, k, v, scale, qt).to(out.dtype)
+        else: out[b, idx] = s.attend(q, k, v, scale, qt).to(out.dtype); s.append(k, v)
     self._valid, self._pending = valid, None
     return out
 

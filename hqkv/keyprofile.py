@@ -24,9 +24,9 @@ __all__ = ['PROFILE_FORMAT', 'PROFILE_VERSION', 'READ_VERSIONS', 'MODES', 'PROFI
 
 # %% ../nbs/14b_keyprofile.ipynb #95eab168
 PROFILE_FORMAT = "hqkv.key_profile"   # the file's format tag
-PROFILE_VERSION = 3                   # bumped when the meaning of mu/sigma changes (2: an optional rotation) or the
-                                      # file's layout does (3: the rotation of the rotated heads only)
-READ_VERSIONS = (1, 2, 3)             # the file versions this hqkv reads (1: no rotation)
+PROFILE_VERSION = 4                   # bumped when the meaning of mu/sigma changes (2: an optional rotation) or the
+                                      # file's layout does (3: the rotation of the rotated heads only; 4: a turned mean)
+READ_VERSIONS = (1, 2, 3, 4)          # the file versions this hqkv reads (1: no rotation)
 MODES = ("qk", "std")                 # how sigma is chosen (see `profile_stats`)
 
 def _check_slot(slot, n):
@@ -60,6 +60,22 @@ def _check_profile(p):
         raise ValueError(f"KeyProfile version {p.version!r} is not supported (this hqkv reads versions "
                          f"{READ_VERSIONS})")
     if p.rot is not None: _check_rot(p)
+    if (p.turn is None) != (p.omega is None): raise ValueError("KeyProfile: turn and omega come together (or neither)")
+    if p.turn is not None: _check_turn(p)
+
+def _check_turn(p):
+    "The turned mean: float [n_attn_layers, kv_heads, head_dim] and angles float [n_attn_layers, head_dim / 2], finite."
+    (L, H, D), t, w = p.mu.shape, p.turn, p.omega
+    if not isinstance(t, Tensor) or not t.is_floating_point() or tuple(t.shape) != (L, H, D) or D % 2:
+        raise TypeError(f"KeyProfile.turn must be a float tensor [{L}, {H}, {D}] (head_dim even), got "
+                        f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
+    if not isinstance(w, Tensor) or not w.is_floating_point() or tuple(w.shape) != (L, D // 2):
+        raise TypeError(f"KeyProfile.omega must be a float tensor [{L}, {D // 2}], got "
+                        f"{getattr(w, 'dtype', type(w).__name__)} {tuple(getattr(w, 'shape', ()))}")
+    p.turn, p.omega = t.detach().to(torch.float32).contiguous(), w.detach().to(torch.float64).contiguous()
+    if not bool(torch.isfinite(p.turn).all()) or not bool(torch.isfinite(p.omega).all()):
+        raise ValueError("KeyProfile: turn and omega must be finite")
+    if p.version < 4: raise ValueError(f"KeyProfile version {p.version} has no turned mean (versions 4 and later do)")
 
 def _check_rot(p):
     "The rotation: float [n_attn_layers, kv_heads, head_dim, head_dim], orthogonal, in a profile of version 2 or later."
@@ -93,6 +109,9 @@ class KeyProfile:
     plans: dict = dataclasses.field(default_factory=dict)
     rot: Tensor|None = None     # float32 [n_attn_layers, kv_heads, head_dim, head_dim], orthogonal; sigma is per axis of it
     reach: int = 0              # keys were read out to this position (`calibrate_hf(reach=)`); 0: not recorded (older files)
+    # the turned mean (`with_turned_mean`): keys are coded as (k - mu - RoPE_p(turn)) @ rot / sigma at their position p
+    turn: Tensor|None = None    # float32 [n_attn_layers, kv_heads, head_dim]: the keys' mean before RoPE (times its cos/sin scale)
+    omega: Tensor|None = None   # float64 [n_attn_layers, head_dim / 2]: RoPE's angle per position of each channel pair
 
     def __post_init__(self): _check_profile(self)
 
@@ -105,7 +124,8 @@ class KeyProfile:
     @property
     def tag(self) -> str:
         "One token for log lines: mode/tokens/source (mode+rot: with a rotation)."
-        return f"{self.mode}{'+rot' if self.rot is not None else ''}/{self.n_tokens}tok/{self.source or '?'}"
+        extra = ('+rot' if self.rot is not None else '') + ('+turn' if self.turn is not None else '')
+        return f"{self.mode}{extra}/{self.n_tokens}tok/{self.source or '?'}"
 
     @property
     def rotated_heads(self) -> Tensor:
@@ -115,8 +135,9 @@ class KeyProfile:
 
     def to(self, device) -> KeyProfile:
         "The same profile with its tensors on `device` (the cache's device: no transfer per call)."
-        return dataclasses.replace(self, mu=self.mu.to(device), sigma=self.sigma.to(device),
-                                   rot=None if self.rot is None else self.rot.to(device))
+        on = lambda t: None if t is None else t.to(device)
+        return dataclasses.replace(self, mu=on(self.mu), sigma=on(self.sigma), rot=on(self.rot), turn=on(self.turn),
+                                   omega=on(self.omega))
 
 # %% ../nbs/14b_keyprofile.ipynb #89c4e018
 @patch
@@ -135,13 +156,25 @@ def _vec(self:KeyProfile, t:Tensor, slot:int, x:Tensor, heads:int, what:str) -> 
 @patch
 def apply_keys(self:KeyProfile, layer_slot:int, # which attention layer (index into `layers`)
                k:Tensor, # float [..., kv_heads, head_dim], the model's post-RoPE keys
-              ) -> Tensor: # float32 (k - mu) @ rot / sigma
+               pos:Tensor|None=None, # int [T], k [T, kv_heads, head_dim]: the keys' positions (a turned mean needs them)
+              ) -> Tensor: # float32 (k - mu - RoPE_pos(turn)) @ rot / sigma
     "The keys the cache codes and stores (pages and exact window alike)."
     mu = self._vec(self.mu, layer_slot, k, True, "apply_keys")
-    return self._turn(layer_slot, k.to(torch.float32) - mu) / self.sigma[layer_slot].to(k.device)
+    x = k.to(torch.float32) - mu - self._turned(layer_slot, k, pos, "apply_keys")
+    return self._rot(layer_slot, x) / self.sigma[layer_slot].to(k.device)
 
 @patch
-def _turn(self:KeyProfile, slot:int, x:Tensor, back:bool=False) -> Tensor: # x [..., heads, D] @ rot (back: rot^T)
+def _turned(self:KeyProfile, slot:int, k:Tensor, pos:Tensor|None, what:str) -> Tensor|float:
+    "RoPE_pos(turn) for keys k [T, H, D] at positions pos [T] (0 without a turned mean)."
+    if self.turn is None: return 0.0
+    if pos is None: raise ValueError(f"KeyProfile.{what}: this profile has a turned mean, which needs the keys' positions")
+    if k.ndim != 3 or not isinstance(pos, Tensor) or pos.is_floating_point() or tuple(pos.shape) != (k.shape[0],):
+        raise ValueError(f"KeyProfile.{what}: keys [T, heads, D] and int positions [T], got {tuple(k.shape)} and "
+                         f"{getattr(pos, 'dtype', type(pos).__name__)} {tuple(getattr(pos, 'shape', ()))}")
+    return self.turned(slot, pos.to(k.device))
+
+@patch
+def _rot(self:KeyProfile, slot:int, x:Tensor, back:bool=False) -> Tensor: # x [..., heads, D] @ rot (back: rot^T)
     "x's shape is checked by the caller; the G query heads of KV head h share its rotation (no copy per query head)."
     if self.rot is None: return x
     r = self.rot[slot].to(x.device)                                     # [H, D, D]
@@ -149,17 +182,54 @@ def _turn(self:KeyProfile, slot:int, x:Tensor, back:bool=False) -> Tensor: # x [
 
 @patch
 def restore_keys(self:KeyProfile, layer_slot:int, kt:Tensor, # float [..., kv_heads, head_dim], transformed keys
-                ) -> Tensor: # float32 (kt * sigma) @ rot^T + mu
+                 pos:Tensor|None=None, # their positions, as `apply_keys`
+                ) -> Tensor: # float32 (kt * sigma) @ rot^T + mu + RoPE_pos(turn)
     "Inverse of `apply_keys`."
     s = self._vec(self.sigma, layer_slot, kt, True, "restore_keys")
-    return self._turn(layer_slot, kt.to(torch.float32) * s, back=True) + self.mu[layer_slot].to(kt.device)
+    x = self._rot(layer_slot, kt.to(torch.float32) * s, back=True) + self.mu[layer_slot].to(kt.device)
+    return x + self._turned(layer_slot, kt, pos, "restore_keys")
 
 @patch
 def apply_query(self:KeyProfile, layer_slot:int, q:Tensor, # float [..., Hq, head_dim], Hq a multiple of kv_heads
                ) -> Tensor: # float32 (q @ rot) * sigma
     "The query that scores transformed keys: q' . k' = q . k - q . mu (a constant per query)."
     s = self._vec(self.sigma, layer_slot, q, False, "apply_query")
-    return self._turn(layer_slot, q.to(torch.float32)) * s
+    return self._rot(layer_slot, q.to(torch.float32)) * s
+
+# %% ../nbs/14b_keyprofile.ipynb #8fa72973
+@patch
+def _angles(self:KeyProfile, slot:int, pos:Tensor) -> tuple[Tensor, Tensor]: # float64 [T, D/2] cos and sin of pos * omega
+    a = pos.to(torch.float64)[:, None] * self.omega[slot].to(pos.device)
+    return a.cos(), a.sin()
+
+@patch
+def turned(self:KeyProfile, slot:int, pos:Tensor, # int [T]: positions
+          ) -> Tensor: # float32 [T, kv_heads, head_dim]
+    "The turned mean at positions `pos`: RoPE (rotate-half layout: channel pairs (j, j + D/2)) of `turn` by pos * omega."
+    c, s = (x[:, None] for x in self._angles(slot, pos))
+    m = self.turn[slot].to(pos.device, torch.float64); h = m.shape[-1] // 2
+    return torch.cat([m[:, :h] * c - m[:, h:] * s, m[:, h:] * c + m[:, :h] * s], -1).float()
+
+@patch
+def turn_keys(self:KeyProfile, slot:int, pos:Tensor) -> Tensor: # float32 [T, head_dim]: (cos, sin) of pos * omega
+    "The keys' side of the score term a read adds back: q . RoPE_p(turn) = turn_query(q) . turn_keys(p)."
+    return torch.cat(self._angles(slot, pos), -1).float()
+
+@patch
+def turn_query(self:KeyProfile, slot:int, q:Tensor, # float [..., Hq, head_dim], the model's queries
+              ) -> Tensor: # float32 [..., Hq, head_dim]
+    "The query's side: per channel pair j, (q_j m_j + q_j' m_j', q_j' m_j - q_j m_j') with j' = j + D/2."
+    m = self._vec(self.turn, slot, q, False, "turn_query")
+    q = q.to(torch.float32); h = q.shape[-1] // 2
+    q1, q2, m1, m2 = q[..., :h], q[..., h:], m[..., :h], m[..., h:]
+    return torch.cat([q1 * m1 + q2 * m2, q2 * m1 - q1 * m2], -1)
+
+@patch
+def with_turned_mean(self:KeyProfile, turn:Tensor, # [n_attn_layers, kv_heads, head_dim]: the keys' mean before RoPE
+                     omega:Tensor, # [n_attn_layers, head_dim / 2]: RoPE's angles per position
+                    ) -> KeyProfile:
+    "The same profile coding k - RoPE_p(turn) instead of k - mu (mu set to 0: the turned mean replaces it)."
+    return dataclasses.replace(self, mu=torch.zeros_like(self.mu), turn=turn, omega=omega, version=PROFILE_VERSION)
 
 # %% ../nbs/14b_keyprofile.ipynb #6e2151ec
 @patch
@@ -167,7 +237,8 @@ def meta(self:KeyProfile) -> dict:
     "Everything but the tensors, JSON-ready."
     return dict(model=dataclasses.asdict(self.model), layers=list(self.layers), source=self.source,
                 n_tokens=self.n_tokens, mode=self.mode, rotation_seed=self.rotation_seed, version=self.version,
-                shape=list(self.mu.shape), plans=self.plans, rotated=self.rot is not None, reach=self.reach)
+                shape=list(self.mu.shape), plans=self.plans, rotated=self.rot is not None, reach=self.reach,
+                turned=self.turn is not None)
 
 @patch
 def save(self:KeyProfile, path:str|Path) -> Path:
@@ -176,6 +247,7 @@ def save(self:KeyProfile, path:str|Path) -> Path:
     p.parent.mkdir(parents=True, exist_ok=True)
     heads = self.rotated_heads                                  # the identity of the other heads is not stored
     rot = {} if self.rot is None else {"rot": self.rot.cpu()[heads].contiguous(), "rot_heads": heads}
+    if self.turn is not None: rot |= {"turn": self.turn.cpu(), "omega": self.omega.cpu()}
     torch.save({"format": PROFILE_FORMAT, "mu": self.mu.cpu(), "sigma": self.sigma.cpu(), **rot,
                 "meta": json.dumps(self.meta() | dict(version=PROFILE_VERSION), sort_keys=True)}, p)
     return p
@@ -210,7 +282,7 @@ def load(cls:KeyProfile, path:str|Path) -> KeyProfile:
                              f"{READ_VERSIONS}")
         prof = cls(b["mu"], b["sigma"], ModelIdentity(**m["model"]), tuple(m["layers"]), m["source"], m["n_tokens"],
                    m["mode"], m["rotation_seed"], m["version"], m.get("plans", {}), _read_rot(b, m["version"], p),
-                   m.get("reach", 0))
+                   m.get("reach", 0), b.get("turn"), b.get("omega"))
         for base in prof.plans:
             try: prof.plan_for(base)
             except ValueError as e: raise ValueError(f"{p}: the {base} plan: {e}") from None

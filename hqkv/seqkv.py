@@ -25,8 +25,12 @@ class SeqKV:
                  kv_heads:int, # KV heads of the layer
                  sinks:int=32, recent:int=512, # exact window: first `sinks` and latest `recent` tokens
                  device=None,
-                 k_codec:Codec|None=None): # the keys' format, when it is not `codec`
+                 k_codec:Codec|None=None, # the keys' format, when it is not `codec`
+                 # keys stored with a turned mean out (`hqkv.keyprofile.KeyProfile.turn_keys` of the layer): positions
+                 # [T] -> float32 [T, D], the keys' side of the score term every read adds back
+                 turn_keys=None):
         self.codec, self.k_codec, self.kv_heads, self.n = codec, codec if k_codec is None else k_codec, kv_heads, 0
+        self.turn_keys = turn_keys
         if self.k_codec.head_dim != codec.head_dim:
             raise ValueError(f"SeqKV: key codec head_dim {self.k_codec.head_dim} != value codec head_dim "
                              f"{codec.head_dim}")
@@ -76,7 +80,7 @@ def decoded(self:SeqKV)->tuple[Tensor, Tensor]: # float32 [n, kv_heads, D] K and
 def clone(self:SeqKV)->SeqKV:
     "An independent copy (beam search duplicates sequences)."
     c = SeqKV.__new__(SeqKV)
-    c.codec, c.k_codec, c.kv_heads, c.n = self.codec, self.k_codec, self.kv_heads, self.n
+    c.codec, c.k_codec, c.kv_heads, c.n, c.turn_keys = self.codec, self.k_codec, self.kv_heads, self.n, self.turn_keys
     c.k_pages, c.v_pages, w = self.k_pages.clone(), self.v_pages.clone(), self.window
     c.window = ExactWindow(w.k_sink.clone(), w.v_sink.clone(), w.k_recent.clone(), w.v_recent.clone(),
                            w.lens.clone())
@@ -95,24 +99,39 @@ def used_nbytes(self:SeqKV)->int:
 
 # %% ../nbs/70a_seqkv.ipynb #3a7eebef
 @patch
+def _turned(self:SeqKV, q:Tensor, qt:Tensor|None, *K:tuple) -> tuple: # (q, K...) with the turned mean's columns
+    "A turned mean's score term as D more columns: [q, qt] . [k, turn_keys(p)] = q . k + qt . turn_keys(p)."
+    # K: (keys [T, kv_heads, D], their first position) pairs
+    if qt is None and self.turn_keys is not None:
+        raise ValueError("SeqKV: these keys were stored with a turned mean: reading them needs qt, the query's side of its term")
+    if qt is not None and self.turn_keys is None: raise ValueError("SeqKV: qt given, but these keys have no turned mean")
+    if qt is None: return (q, *(k for k, _ in K))
+    aug = lambda k, p0: torch.cat([k, self.turn_keys(torch.arange(p0, p0 + k.shape[0], device=k.device))[:, None]
+                                   .expand(-1, k.shape[1], -1)], -1)
+    return (torch.cat([q.float(), qt.float()], -1), *(aug(k, p0) for k, p0 in K))
+
+@patch
 def attend(self:SeqKV, q:Tensor, # [C, Hq, D]: a chunk's queries (original domain)
            k:Tensor, v:Tensor, # [C, kv_heads, D]: the chunk's own exact K/V
-           scale:float)->Tensor: # [C, Hq, D] in q's dtype
+           scale:float,
+           qt:Tensor|None=None, # [C, Hq, D]: the query's side of a turned mean's term (`KeyProfile.turn_query`)
+          )->Tensor: # [C, Hq, D] in q's dtype
     "Causal attention of a chunk over the coded prefix, page by page (`paged_prefill`), and over itself."
     i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=q.device)
     P = self.pages
-    if isinstance(self.k_codec, HeadsCodec) or isinstance(self.codec, HeadsCodec):   # no paged kernel reads these pages
+    # no paged kernel reads these pages, or adds the term: decoded rows
+    if isinstance(self.k_codec, HeadsCodec) or isinstance(self.codec, HeadsCodec) or qt is not None or self.turn_keys is not None:
         from hqkv.backends import gqa_attention
         kp, vp = self.decoded()
-        K, V = torch.cat([kp, k.float()]), torch.cat([vp, v.float()])
-        return gqa_attention(q.float(), K, V, self.n, scale).to(q.dtype)
+        qa, K = self._turned(q, qt, (torch.cat([kp, k.float()]), 0))
+        return gqa_attention(qa.float(), K, torch.cat([vp, v.float()]), self.n, scale).to(q.dtype)
     return paged_prefill(q, k, v, i32([0, q.shape[0]]), self.k_pages, self.v_pages, i32([0, P]),
                          torch.arange(P, dtype=torch.int32, device=q.device), i32([self.n]), self._codecs,
                          scale=scale, window=self.window, window_slots=i32([0]))
 
 @patch
 def attend_as_decode(self:SeqKV, q:Tensor, k:Tensor, v:Tensor, # as `attend`
-                     scale:float)->Tensor: # [C, Hq, D] in q's dtype
+                     scale:float, qt:Tensor|None=None)->Tensor: # [C, Hq, D] in q's dtype
     "Store the chunk, and attend as decode steps would read it (`hqkv.window.decode_reads`)."
     # each query reads the keys older than its own window from the codes
     from hqkv.window import decode_span, decode_reads
@@ -122,8 +141,11 @@ def attend_as_decode(self:SeqKV, q:Tensor, k:Tensor, v:Tensor, # as `attend`
     self.append(k, v)
     K, V = torch.cat([kp, k.float()]), torch.cat([vp, v.float()])
     lo, hi = decode_span(P, n, self.window.sinks, R)
-    if hi == lo: return gqa_attention(q.float(), K, V, P, scale).to(q.dtype)
+    if hi == lo:
+        qa, K = self._turned(q, qt, (K, 0))
+        return gqa_attention(qa.float(), K, V, P, scale).to(q.dtype)
     kx = self.k_codec.unrotate(self.k_codec.decode_rotated(self._rows(self.k_pages)[lo:hi]))
     vx = self.codec.unrotate(self.codec.decode_rotated(self._rows(self.v_pages)[lo:hi]))
-    return gqa_attention(q.float(), torch.cat([K, kx]), torch.cat([V, vx]), P, scale,
+    qa, K, kx = self._turned(q, qt, (K, 0), (kx, lo))
+    return gqa_attention(qa.float(), torch.cat([K, kx]), torch.cat([V, vx]), P, scale,
                          mask=decode_reads(P, n, lo, hi, R, q.device)).to(q.dtype)

@@ -68,6 +68,11 @@ struct Args {                                 // mirrored by hqkv.attention_cpu.
     const Fmt* kf; const Fmt* vf;             // [H] each head's format (from Python: ctypes arrays of the mirrored part)
     const int64_t* k_off; const int64_t* v_off;   // [H] each head's byte offset in a token
     const Fmt* wf; const int64_t* w_off;      // set by hqkv_cpu_decode: the window's rows (bf16) as a format and offsets
+    // a turned mean (hqkv.keyprofile): its score term qt . (cos, sin)(p omega) added to every row's score; qt null: none
+    const float* qt;                          // [B, H, Gp, D]: the queries' side (KeyProfile.turn_query), scaled as q
+    const float* turn_tab;                    // [64, D]: (cos, sin) of o omega, o = 0..63
+    const float* turn_base;                   // [turn_blocks, D]: (cos, sin) of 64 k omega
+    int64_t turn_blocks;                      // rows of turn_base: every position read is below 64 turn_blocks
 };
 
 static inline float bf16f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
@@ -1040,19 +1045,54 @@ static int64_t ahead_of(const Fmt& f) { return int_rows(f) || (g_isa >= 1 && (f.
 static bool int_keys(const Fmt& kf) { return int_rows(kf); }
 static bool int_values(const Fmt& vf) { return int_rows(vf); }
 
-// qu, qs: the int8 query and its scales (int_keys only)
+// a turned mean's score term: s[g][i] += qt_g . (cos, sin)((p + i) omega) for the rows of a block. Position 64 k + o: the
+// query's pairs turned by 64 k omega once per run of rows with the same k (turn_base), then a product with the table's row o
+typedef float tvec __attribute__((vector_size(64)));
+__attribute__((target_clones("avx512f", "avx2", "default")))
+static void turn_scores(const float* __restrict qt, const Args& a, int64_t p, int n, int64_t G, int64_t D, float* __restrict s) {
+    const int64_t h = D / 2;
+    alignas(64) float c[512];
+    for (int i0 = 0; i0 < n;) {
+        const int64_t pos = p + i0, k = pos / 64, o0 = pos % 64;
+        const int m = (int)std::min<int64_t>(n - i0, 64 - o0);
+        const float* __restrict cb = a.turn_base + k * D;
+        for (int64_t g = 0; g < G; ++g) {
+            const float* __restrict x = qt + g * D;
+            for (int64_t j = 0; j < h; ++j) {
+                c[j] = x[j] * cb[j] + x[h + j] * cb[h + j];
+                c[h + j] = x[h + j] * cb[j] - x[j] * cb[h + j];
+            }
+            for (int i = 0; i < m; ++i) {
+                const float* __restrict t = a.turn_tab + (o0 + i) * D;
+                float acc = 0;
+                if (D % 16 == 0) {
+                    tvec v = tvec{};
+                    for (int64_t j = 0; j < D; j += 16) { tvec cv, tv; memcpy(&cv, c + j, 64); memcpy(&tv, t + j, 64); v += cv * tv; }
+                    for (int l = 0; l < 16; ++l) acc += v[l];
+                } else for (int64_t j = 0; j < D; ++j) acc += c[j] * t[j];
+                s[g * BLK + i0 + i] += acc;
+            }
+        }
+        i0 += m;
+    }
+}
+
+// qu, qs: the int8 query and its scales (int_keys only); qt: this (sequence, KV head)'s turned-mean query side, rows from pos (or null)
 static void block(Ctx& cx, const Fmt& kf, const Fmt& vf, const uint8_t* kb, int64_t ks, const uint8_t* vb, int64_t vs, int n,
-                  const float* q, const uint8_t* qu, const float* qs, const int32_t* qk, int64_t G, int64_t D, float* m, float* l, float* acc) {
+                  const float* q, const uint8_t* qu, const float* qs, const int32_t* qk, int64_t G, int64_t D, float* m, float* l, float* acc,
+                  const float* qt, int64_t pos, const Args& a) {
     float* s = cx.s.data();
     if (g_isa >= 1) {
         const int gi = (int)std::min<int64_t>(G, 8) - 1;   // G > 8: a multiple of 8 (the plan pads it), 8 heads at a time
         for (int64_t g0 = 0; g0 < G; g0 += 8)
             if (qu && int_keys(kf)) SCORE_E8_INT[e8_row()][gi](kf, kb, ks, n, qu + g0 * D, qs + g0, qk + 8 * g0, s + g0 * BLK, cx.sc.data());
             else SCORE[kf.kind][gi](kf, kb, ks, n, q + g0 * D, s + g0 * BLK, cx.sc.data());
+        if (qt) turn_scores(qt, a, pos, n, G, D, s);
         if (g_isa == 2) v512::softmax(s, n, (int)G, m, l, acc, D); else avx::softmax(s, n, (int)G, m, l, acc, D);
         for (int64_t g0 = 0; g0 < G; g0 += 8) (int_values(vf) ? ACCUM_E8_INT[e8_row()] : ACCUM[vf.kind])[gi](vf, vb, vs, n, s + g0 * BLK, acc + g0 * D, cx.sc.data());
     } else {
         score_scalar(kf, kb, ks, n, q, (int)G, s, cx.tmp.data());
+        if (qt) turn_scores(qt, a, pos, n, G, D, s);
         softmax_scalar(s, n, (int)G, m, l, acc, D);
         accum_scalar(vf, vb, vs, n, s, (int)G, acc, cx.tmp.data());
     }
@@ -1116,7 +1156,7 @@ static void item(const Args& a, Ctx& cx, int64_t b, int64_t p0, int64_t p1, floa
             const bool iq = qu && int_keys(a.kf[h]);   // this head's keys as integers: the rounded query, as its codes see it
             block(cx, cur.kf[h], cur.vf[h], cur.kb + cur.ko[h], cur.ks, cur.vb + cur.vo[h], cur.vs, (int)cur.n,
                   (iq ? qf : a.q) + (b * H + h) * G * D, iq ? qu + (b * H + h) * G * D : nullptr, iq ? qs + (b * H + h) * G : nullptr,
-                  iq ? qk + (b * H + h) * G * 8 : nullptr, G, D, wh, wh + G, wh + 2 * G);
+                  iq ? qk + (b * H + h) * G * 8 : nullptr, G, D, wh, wh + G, wh + 2 * G, a.qt ? a.qt + (b * H + h) * G * D : nullptr, p, a);
         }
         p = pn; cur = nxt;
     }
