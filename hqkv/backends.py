@@ -20,7 +20,7 @@ from .layer_maps import layer_maps
 
 # %% auto #0
 __all__ = ['ATTN_BACKENDS', 'StepPlan', 'AttnBackend', 'encode_store', 'store_rows', 'gqa_attention', 'GatherDecode',
-           'GatherPlan', 'gqa_padded', 'GatherAttn', 'page_rows_decoded', 'PagedPlan', 'PagedAttn',
+           'GatherPlan', 'gqa_padded', 'GatherAttn', 'page_rows_decoded', 'turn_columns', 'PagedPlan', 'PagedAttn',
            'triton_kernels_read', 'get_backend', 'cpu_kernels_read', 'default_backend']
 
 # %% ../nbs/36_backends.ipynb #e9dde35e
@@ -60,13 +60,14 @@ class AttnBackend(Protocol):
     softcap: bool        # whether it applies attention-logit soft-capping (Gemma 2)
     # whether decode rows may wait in the window for their page (`PagedKV` codes a full page's with `encode_rotated`)
     defers_codes: bool
+    turned_mean: bool    # whether it adds a turned mean's score term (`attend`'s turn: (qt, omega), `hqkv.keyprofile`)
     def check(self, pool:KVPool): ...  # refuse a pool it cannot read (ValueError naming why)
     # what every layer of the step reuses (kv: the `PagedKV`); a `folded` plan takes raw q/k (`hqkv.layer_maps`)
     def plan(self, kv, step:StepPlan) -> object: ...
     def store(self, kv, li:int, k:Tensor, v:Tensor, slots:Tensor): ...  # code rows into pool layer li
     def store_rows(self, kv, li:int, kr:Tensor, vr:Tensor, slots:Tensor): ...  # write rows already coded (deferred ones)
     def attend(self, kv, step:StepPlan, li:int, q:Tensor, k:Tensor, v:Tensor, scale:float,
-               softcap:float|None) -> Tensor: ...
+               softcap:float|None, turn:tuple|None=None) -> Tensor: ...
 
 def encode_store(kv, # a `PagedKV`
                  li:int, k:Tensor, v:Tensor, slots:Tensor):
@@ -101,7 +102,7 @@ def gqa_attention(q:Tensor, # float32 [n, Hq, D]: a chunk's queries at positions
                   window:int|None=None, # sliding window: a query at p sees keys p-window+1..p
                   K0:int=0,
                   mask:Tensor|None=None, # bool [n, L]: which keys each query reads (instead of causal and window)
-                 ) -> Tensor:
+                 ) -> Tensor: # [n, Hq, V's head size]
     "Causal attention, the G query heads of a KV head as G rows of one query matrix: K and V read once per KV head."
     n, Hq, D = q.shape
     L, Hkv = K.shape[:2]; G = Hq // Hkv
@@ -176,13 +177,13 @@ def gqa_padded(q:Tensor, # float32 [B, Hq, D]: one query per sequence
         s = torch.tanh(qq @ Kt.transpose(-1, -2) * (scale / softcap)) * softcap
         if mask is not None: s = s.masked_fill(~mask, float("-inf"))
         o = s.softmax(-1) @ Vt
-    return o.reshape(B, Hq, D)
+    return o.reshape(B, Hq, -1)   # V's head size (q's and K's may be longer: `turn_columns`)
 
 # %% ../nbs/36_backends.ipynb #355c3b14
 class GatherAttn:
     "Decode tokens as one padded batch, prefill chunks one at a time."
     # coded rows decoded, window rows copied, a chunk's own rows exact
-    name, softcap, defers_codes = "gather", True, True
+    name, softcap, defers_codes, turned_mean = "gather", True, True, True
     def __init__(self): self._scratch = {}   # K/V buffers every layer reuses (a fresh one per layer costs page faults)
     def check(self, pool): pass
     store, store_rows = staticmethod(encode_store), staticmethod(store_rows)
@@ -202,14 +203,15 @@ class GatherAttn:
                           (lo, hi, _page_rows(kv, sid, lo, hi).to(kv.pool.device)) if hi > lo else None))
         return GatherPlan(spans, max((P + step.lens[i] for i, P, *_ in spans), default=0),
                           _plan_decode(kv, step, dec) if dec else None)
-    def attend(self, kv, step, li, q, k, v, scale, softcap=None):
+    def attend(self, kv, step, li, q, k, v, scale, softcap=None, turn=None):
         kc, vc = kv.k_codecs[li], kv.v_codecs[li]
-        # scores in the keys' domain, outputs in the values'
+        # scores in the keys' domain, outputs in the values'; a turned mean's term as D more columns (`turn_columns`)
         qr, kr, vr = kc.rotate(q.float()), kc.rotate(k.float()), vc.rotate(v.float())
-        out, p = torch.empty_like(qr), step.attn
-        if p.dec is not None: out[p.dec.rows] = self._decode(kv, li, p.dec, qr, kr, vr, scale, softcap)
+        out, p, qa = torch.empty_like(qr), step.attn, (qr if turn is None else torch.cat([qr, turn[0].float()], -1))
+        w = None if turn is None else turn[1]
+        if p.dec is not None: out[p.dec.rows] = self._decode(kv, li, p.dec, qa, kr, vr, scale, softcap, w)
         for i, P, s, r, src, x in p.spans:
-            out[step.span(i)] = self._chunk(kv, li, step, i, P, s, r, src, x, qr, kr, vr, scale, softcap)
+            out[step.span(i)] = self._chunk(kv, li, step, i, P, s, r, src, x, qa, kr, vr, scale, softcap, w)
         _window_append(kv, step, li, range(len(step)), kr, vr)
         return vc.unrotate(out)
 
@@ -226,8 +228,17 @@ def page_rows_decoded(kv, li:int, src:Tensor) -> tuple[Tensor, Tensor]:
 @patch
 def _rows(self:GatherAttn, kv, li, src): return page_rows_decoded(kv, li, src)
 
+def turn_columns(K:Tensor, # float32 [..., L, H, D]: keys at positions p0 .. p0 + L - 1
+                 omega:Tensor|None, # float64 [D/2]: a turned mean's angles (`KeyProfile.omega`), or None
+                 p0:int=0) -> Tensor: # [..., L, H, 2D]
+    "K with a turned mean's keys' side as D more columns: [k, (cos, sin)(p omega)] . [q', qt] adds the term (None: K)."
+    if omega is None: return K
+    a = (p0 + torch.arange(K.shape[-3], device=K.device)).double()[:, None] * omega.to(K.device)
+    E = torch.cat([a.cos(), a.sin()], -1).float()[:, None]
+    return torch.cat([K, E.expand(*K.shape[:-1], E.shape[-1])], -1)
+
 @patch
-def _decode(self:GatherAttn, kv, li:int, d:GatherDecode, qr, kr, vr, scale, softcap) -> Tensor:
+def _decode(self:GatherAttn, kv, li:int, d:GatherDecode, qr, kr, vr, scale, softcap, omega=None) -> Tensor:
     "Every decoding sequence's token attends over its prefix and itself, in one padded call."
     w = kv.windows[li] if kv.windows is not None else None
     H, D, B = kv.pool.geometry.kv_heads, kv.k_codecs[li].head_dim, len(d.idx)
@@ -239,10 +250,11 @@ def _decode(self:GatherAttn, kv, li:int, d:GatherDecode, qr, kr, vr, scale, soft
         if s: window_into(w, lane, 0, s, K[b], V[b], P)
         if P > r: window_into(w, lane, r, P, K[b, r:P], V[b, r:P], P)
         K[b, P], V[b, P] = kr[d.rows[b]], vr[d.rows[b]]
-    return gqa_padded(qr[d.rows], K, V, d.lens, scale, softcap)
+    return gqa_padded(qr[d.rows], turn_columns(K, omega), V, d.lens, scale, softcap)
 
 @patch
-def _chunk(self:GatherAttn, kv, li:int, step, i:int, P:int, s:int, r:int, src, x, qr, kr, vr, scale, softcap) -> Tensor:
+def _chunk(self:GatherAttn, kv, li:int, step, i:int, P:int, s:int, r:int, src, x, qr, kr, vr, scale, softcap,
+           omega=None) -> Tensor:
     "One prefill chunk attends over its prefix (sinks, codes, ring) and causally over itself."
     # with `x` = (lo, hi, rows): as decode steps would read (`decode_reads`)
     w = kv.windows[li] if kv.windows is not None else None
@@ -252,11 +264,12 @@ def _chunk(self:GatherAttn, kv, li:int, step, i:int, P:int, s:int, r:int, src, x
     if s: window_into(w, lane, 0, s, K, V, P)
     if P > r: window_into(w, lane, r, P, K[r:P], V[r:P], P)
     K[P:], V[P:] = kr[sl], vr[sl]
-    if x is None: return gqa_attention(qr[sl], K, V, P, scale, softcap)
+    if x is None: return gqa_attention(qr[sl], turn_columns(K, omega), V, P, scale, softcap)
     lo, hi, rows = x
     kx, vx = self._rows(kv, li, rows)
     mask = decode_reads(P, step.lens[i], lo, hi, _window_of(kv)[1], qr.device)
-    return gqa_attention(qr[sl], torch.cat([K, kx]), torch.cat([V, vx]), P, scale, softcap, mask=mask)
+    K = torch.cat([turn_columns(K, omega), turn_columns(kx, omega, lo)])
+    return gqa_attention(qr[sl], K, torch.cat([V, vx]), P, scale, softcap, mask=mask)
 
 # %% ../nbs/36_backends.ipynb #65005404
 @dataclass(slots=True)
@@ -287,8 +300,9 @@ class PagedAttn:
     def __init__(self, name:str, decode, prefill, store=None, check=None, chunk_arg:bool=False, defers_codes:bool=True,
                  # (k_pages, v_pages, indptr, indices, last_page_len, codec, window, slots) -> an object whose `run`
                  # every layer calls
-                 plan_decode=None):
-        self.name, self._decode, self._prefill = name, decode, prefill
+                 plan_decode=None,
+                 turned_mean:bool=False): # decode and prefill take turn=(qt, omega) (the CPU kernels)
+        self.name, self._decode, self._prefill, self.turned_mean = name, decode, prefill, turned_mean
         self._store, self._check, self._chunk_arg = store, check, chunk_arg
         self._plan_decode = plan_decode
         self.defers_codes = defers_codes
@@ -313,7 +327,8 @@ class PagedAttn:
             p.pre_qo, p.pre_prefix = i32(qo), i32([step.pos0[i] for i in pre])
             p.pre_lanes = i32([step.lanes[i] for i in pre])
             p.pre_max = max(step.lens[i] for i in pre)
-        p.folded = bool(dec) and not pre and step.write_rows is None and self._plan_decode is not None
+        p.folded = (bool(dec) and not pre and step.write_rows is None and self._plan_decode is not None
+                    and getattr(kv.key_profile, "turn", None) is None)   # the maps fold no turned mean
         if p.folded and kv.windows is not None:
             p.tokens = tuple(torch.tensor(c, dtype=torch.int64, device=dev) for c in zip(*[(step.lanes[i], step.pos0[i])
                                                                                           for i in dec]))
@@ -326,11 +341,14 @@ class PagedAttn:
 
 # %% ../nbs/36_backends.ipynb #d7aa927c
 @patch
-def attend(self:PagedAttn, kv, step, li, q, k, v, scale, softcap=None):
+def attend(self:PagedAttn, kv, step, li, q, k, v, scale, softcap=None, turn=None):
     "Layer `li` of the step: the new rows into the window, decode rows in one paged-decode call, prefill chunks in one."
     if softcap is not None:
         raise ValueError(f"the {self.name} attention backend has no logit soft-capping (softcap={softcap}); "
                          "use attn='gather'")
+    if turn is not None and not self.turned_mean:
+        raise ValueError(f"the {self.name} attention backend does not read a key profile with a turned mean")
+    tw = (lambda rows, hs: {}) if turn is None else (lambda rows, hs: dict(turn=(turn[0][rows][:, hs], turn[1])))
     p, w = step.attn, (kv.windows[li] if kv.windows is not None else None)
     if p.folded: return self._folded_decode(kv, step, li, q, k, v, scale)
     kc, vc = kv.k_codecs[li], kv.v_codecs[li]
@@ -345,18 +363,21 @@ def attend(self:PagedAttn, kv, step, li, q, k, v, scale, softcap=None):
         for hs, kp, vp, c, wh in parts:
             if self._plan_decode is None:
                 o[p.dec_rows, qh(hs)] = self._decode(q[p.dec_rows][:, qh(hs)], kp, vp, t.indptr, t.indices,
-                                                     t.last_page_len, c, scale, window=wh, window_slots=lanes).to(o.dtype)
+                                                     t.last_page_len, c, scale, window=wh, window_slots=lanes,
+                                                     **tw(p.dec_rows, qh(hs))).to(o.dtype)
             else:                                    # the table checked and split once per step, not once per layer
                 if p.dec_call is None:
                     p.dec_call = self._plan_decode(kp, vp, t.indptr, t.indices, t.last_page_len, c, w, lanes)
-                o[p.dec_rows] = p.dec_call.run(q[p.dec_rows], kp, vp, c, scale, window=w).to(o.dtype)
+                o[p.dec_rows] = p.dec_call.run(q[p.dec_rows], kp, vp, c, scale, window=w,
+                                               **tw(p.dec_rows, slice(None))).to(o.dtype)
     if p.pre:
         t, r = p.pre_table, p.pre_rows
         extra = dict(max_chunk=p.pre_max) if self._chunk_arg else {}
         for hs, kp, vp, c, wh in parts:
             o[r, qh(hs)] = self._prefill(q[r][:, qh(hs)], k[r][:, hs].contiguous(), v[r][:, hs].contiguous(), p.pre_qo, kp,
                                          vp, t.indptr, t.indices, p.pre_prefix, c, scale, window=wh,
-                                         window_slots=p.pre_lanes if w is not None else None, **extra).to(o.dtype)
+                                         window_slots=p.pre_lanes if w is not None else None, **extra,
+                                         **tw(r, qh(hs))).to(o.dtype)
         _window_append(kv, step, li, p.pre, kr, vr)  # the window holds just the prefix while the chunk attends
     return o
 
@@ -402,7 +423,7 @@ def triton_kernels_read(pool:KVPool) -> bool:
 def _cpu_backend() -> PagedAttn:
     "The CPU kernels that read pages in place (`hqkv.attention_cpu`; built with g++ on first use, or a named error)."
     from hqkv.attention_cpu import DecodePlan, paged_decode_cpu, paged_prefill_cpu
-    return PagedAttn("cpu", paged_decode_cpu, paged_prefill_cpu, check=_cpu_check, plan_decode=DecodePlan)
+    return PagedAttn("cpu", paged_decode_cpu, paged_prefill_cpu, check=_cpu_check, plan_decode=DecodePlan, turned_mean=True)
 
 def _cpu_check(pool):
     "ValueError naming a key or value format (of a layer, or of one KV head) the CPU kernels do not read."

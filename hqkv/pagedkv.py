@@ -58,6 +58,9 @@ class PagedKV:
         backend.check(pool)
         if key_profile is not None:
             key_profile.check_geometry(layers, g.kv_heads, g.head_dim); key_profile = key_profile.to(pool.device)
+            if getattr(key_profile, "turn", None) is not None and not backend.turned_mean:
+                raise ValueError(f"the {backend.name} attention backend does not read a key profile with a turned mean "
+                                 f"({key_profile.tag}); use attn='cpu' or 'gather', or a profile without one")
         self.pool, self.codec, self.backend, self.key_profile = pool, pool.codec, backend, key_profile
         self.k_codecs = tuple(pool.k_codec(i) for i in range(g.attn_layers))   # per pool layer: its keys' codec ...
         # ... and its values' (one and the same in a one-format pool)
@@ -298,11 +301,14 @@ def attend(self:PagedKV, li:int, # pool layer (0 .. attn_layers-1; `layer_index`
     if softcap is not None and not self.backend.softcap:
         raise ValueError(f"the {self.attn} attention backend has no logit soft-capping (softcap={softcap}); "
                          "use attn='gather'")
-    # scores change by q . mu, a constant per query: softmax does not see it (a folded plan's backend applies it)
-    if self.key_profile is not None and not st.attn.folded:
-        q, k = self.key_profile.apply_query(li, q).to(q.dtype), self.key_profile.apply_keys(li, k).to(k.dtype)
+    # scores change by q . mu, a constant per query: softmax does not see it (a folded plan's backend applies it); a
+    # turned mean's term goes to the backend as (qt, omega), the queries' side and the angles (`hqkv.keyprofile`)
+    p, turn = self.key_profile, None
+    if p is not None and not st.attn.folded:
+        if getattr(p, "turn", None) is not None: turn = (p.turn_query(li, q), p.omega[li])
+        q, k = p.apply_query(li, q).to(q.dtype), p.apply_keys(li, k, None if turn is None else st.positions).to(k.dtype)
     if st.write_rows is not None: self.backend.store(self, li, k[st.write_rows], v[st.write_rows], st.write_slots)
-    o = self.backend.attend(self, st, li, q, k, v, scale, softcap)
+    o = self.backend.attend(self, st, li, q, k, v, scale, softcap, turn)
     st.layers_done += 1
     return o.to(q.dtype)
 

@@ -347,7 +347,8 @@ def shard_profile(profile, # a `hqkv.keyprofile.KeyProfile` over all KV heads
         per = H // world; sl = slice(rank * per, (rank + 1) * per)
     else: r = rank * H // world; sl = slice(r, r + 1)
     return dataclasses.replace(profile, mu=profile.mu[:, sl], sigma=profile.sigma[:, sl],
-                               rot=None if profile.rot is None else profile.rot[:, sl])
+                               rot=None if profile.rot is None else profile.rot[:, sl],
+                               turn=None if profile.turn is None else profile.turn[:, sl])
 
 # %% ../nbs/75_vllm.ipynb #d53033f3
 def refuse_unsupported(alibi_slopes=None, logits_soft_cap=None, sinks=None, # vLLM's AttentionImpl arguments

@@ -48,6 +48,9 @@ def _profile_for(settings:VLLMSettings, kv_heads:int, head_size:int) -> KeyProfi
     "The key profile of this process's tensor-parallel rank (checked against the layer's heads), or None."
     if settings.key_profile is None: return None
     prof = KeyProfile.load(settings.key_profile)
+    if prof.turn is not None:
+        raise ValueError(f"hqkv vllm: the key profile {settings.key_profile} has a turned mean ({prof.tag}), which the "
+                         "vLLM backend does not read yet; use a profile without one")
     try: rank, world = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
     except Exception: rank, world = 0, 1     # no distributed state (a unit test)
     prof = shard_profile(prof, rank, world)
