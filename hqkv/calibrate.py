@@ -526,6 +526,9 @@ def calibrate_plan(model, windows:list, budget, # bits per value, or bytes per t
                    pin:str="q8_0",
                   ) -> BitPlan:
     "Measure every row's sensitivity on `windows` and choose the formats of least predicted KLD within `budget`."
+    if getattr(profile, "turn", None) is not None:
+        raise ValueError(f"the plan measures key rows without a turned mean, and profile {profile.tag} has one: make the "
+                         "plan on the profile first, then add it (hqkv calibrate --turned-mean does both, in that order)")
     D, layers, how = model.geometry.head_dim, model.cfg.global_layers, _method(method)
     kvh = model.geometry.kv_heads
     b = parse_bit_budget(budget, 2 * len(layers) * kvh * D)

@@ -234,6 +234,10 @@ def _calibrate_setup(p:argparse.ArgumentParser):
                    help="also a rotation per (layer, KV head) ahead of sigma (hqkv.calibrate.key_rotation), kept per "
                         "head where tbq2 codes score better; with --budget, the plan also chooses per key row (per KV "
                         "head with --per-head) whether it reads the rotated or the per-channel profile (the proxy only)")
+    p.add_argument("--turned-mean", action="store_true",
+                   help="also take the keys' mean before RoPE out of them, turned to each key's position, and add it back "
+                        "when they are read (hqkv.calibrate.turned_mean; read by the cpu and gather attention backends; a "
+                        "plan is measured before it is added)")
     p.add_argument("--chunk", type=int, default=1024, help="tokens per forward of the capture run (default: 1024)")
     p.add_argument("--reach", type=int, default=None,
                    help="the context the profile must hold: 8 pieces of the text are read again at positions out to it "
@@ -326,6 +330,15 @@ def _calibrate_plan(args, model, prof, text:str, tf:Path, cfg, rotated=None):
                         rotated=rotated, reach=args.reach)
     return prof.with_plan(bp) if rotated is None else mixed_profile(prof, rotated, bp)
 
+# %% ../nbs/42a_commands.ipynb #d3bc7463
+def _with_turned_mean(args, model, prof, text:str, tf:Path):
+    "The profile with the keys' mean before RoPE taken out at each position (`hqkv.calibrate.turned_mean`), same tokens."
+    from hqkv.calibrate import turned_mean
+    bos = model.tokenizer.bos_id
+    ids = _first_tokens(([] if bos is None else [bos]) + model.tokenizer.encode(text, add_bos=False), args.tokens,
+                        model.cfg.max_position, str(tf))
+    return prof.with_turned_mean(*turned_mean(model.model, ids, chunk=args.chunk))
+
 # %% ../nbs/42a_commands.ipynb #505e6140
 def _check_out(out:Path, force:bool):
     "Refuse an --out that cannot be written, or that holds a file that is not a key profile (unless --force)."
@@ -346,7 +359,8 @@ def _print_calibration(prof, r:dict, choice:dict|None):
     print(f"wrote {r['out']} ({r['bytes']:,} bytes): key profile of {prof.model.short()}, layers {r['layers']}, "
           f"{r['kv_heads']} x {r['head_dim']}, {prof.n_tokens:,} tokens of {prof.source}"
           + (f" (read again out to {prof.reach:,} positions)" if prof.reach > prof.n_tokens else "") + f", mode {prof.mode}"
-          + (f", rotated on {r['rotated_heads']} of {prof.n_layers * prof.kv_heads} (layer, KV head)" if prof.rot is not None else ""))
+          + (f", rotated on {r['rotated_heads']} of {prof.n_layers * prof.kv_heads} (layer, KV head)" if prof.rot is not None else "")
+          + (", the keys' mean before RoPE taken out at each position (turned mean)" if prof.turn is not None else ""))
     for i, l in enumerate(prof.layers):
         print(f"  layer {l}: |mu| max {r['mu_abs_max'][i]:g}, sigma min/median/max {r['sigma_min'][i]:g} / "
               f"{r['sigma_median'][i]:g} / {r['sigma_max'][i]:g}")
@@ -397,6 +411,7 @@ def _calibrate_run(args) -> int:
         prof = _calibrate_plan(args, model, flat, text, tf, cfg, rotated=prof)
         choice = dict(rotated_rows=prof.plan_for(args.plan_format).calibration["rotated_rows"])
     elif args.budget is not None: prof = _calibrate_plan(args, model, prof, text, tf, cfg)
+    if args.turned_mean: prof = _with_turned_mean(args, model, prof, text, tf)
     out = Path(args.out) if args.out else profile_path(prof.model)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
