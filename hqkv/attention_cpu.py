@@ -57,7 +57,8 @@ class _Fold(ctypes.Structure):
     "A folded decode step's maps and rows (C++ `Fold`; `DecodePlan.run_folded`)."
     _fields_ = [(n, ctypes.c_void_p) for n in ("q", "k", "v", "qm", "km", "kb", "vm", "om")] + \
                [(n, ctypes.c_int64) for n in ("qm_heads", "km_heads", "vm_heads", "om_heads", "G")] + \
-               [(n, ctypes.c_void_p) for n in ("lanes", "pos", "lens", "out")] + [("scale", ctypes.c_float)]
+               [(n, ctypes.c_void_p) for n in ("lanes", "pos", "lens", "out")] + [("scale", ctypes.c_float)] + \
+               [(n, ctypes.c_void_p) for n in ("tm", "omega", "tpos")] + [("tscale", ctypes.c_float)]
 
 # %% ../nbs/34_attention.cpu.ipynb #adafc967
 SOURCE = "csrc/attention_cpu.cpp"   # package data of hqkv, compiled on first use (`hqkv.native.build`)
@@ -237,15 +238,17 @@ _TURN_TABLES = {}   # omega's bytes -> (tab, base), base grown by doubling
 
 def turn_tables(omega:Tensor, # float64 [D/2]: a layer's RoPE angles per position (`KeyProfile.omega`)
                 n:int, # positions read: 0 .. n-1
-               ) -> tuple[Tensor, Tensor]: # float32 tab [64, D], base [>= n/64, D]
-    "A turned mean's tables for the kernels: (cos, sin) of o omega for o < 64, and of 64 k omega (position 64 k + o)."
+               ) -> tuple[Tensor, Tensor]: # float32 tab [D, 80], base [>= n/64, D]
+    "A turned mean's tables for the kernels: (cos, sin) of o omega, o < 64, and of 64 k omega (position 64 k + o)."
+    # tab: a row per channel and 16 zeros after (the kernels read 16 positions at a time)
     w = omega.detach().to("cpu", torch.float64).contiguous()
     key, K = w.numpy().tobytes(), max(1, -(-n // 64))
     t = _TURN_TABLES.get(key)
     if t is None or t[1].shape[0] < K:
         K = max(K, 2 * (0 if t is None else t[1].shape[0]))
         cs = lambda p: (lambda a: torch.cat([a.cos(), a.sin()], -1).float().contiguous())(p.double()[:, None] * w)
-        t = _TURN_TABLES[key] = (cs(torch.arange(64)), cs(64 * torch.arange(K)))
+        tab = torch.cat([cs(torch.arange(64)).T, torch.zeros(2 * len(w), 16)], 1).contiguous()
+        t = _TURN_TABLES[key] = (tab, cs(64 * torch.arange(K)))
     return t
 
 def turn_inputs(qt:Tensor, # float [B, H*G, D] or [B, H, G, D]: the queries' side of the term (`KeyProfile.turn_query`)
@@ -294,7 +297,7 @@ class DecodePlan:
         self.chunk, self.items = _split(self.lens, P, self.threads, chunk)
         self.spans = _spans(self.lens, window, slots)
         # per padded group size: the shared kernel fields, the work buffer, a query buffer (padding rows zero)
-        self._args, self._work, self._qpad, self._obuf = {}, {}, {}, {}
+        self._args, self._work, self._qpad, self._obuf, self._qtpad = {}, {}, {}, {}, {}
     def __repr__(self):
         return f"DecodePlan(B={self.B}, tokens={sum(self.lens)}, chunk={self.chunk}, threads={self.threads})"
 
@@ -369,6 +372,7 @@ def _buffers(self:DecodePlan, G:int) -> int: # the kernels' group size Gp
                                self.threads, self.chunk)
         self._work[Gp] = torch.empty(self.items * H * Gp * (D + 2))   # every byte is written before it is read
         self._qpad[Gp], self._obuf[Gp] = torch.zeros(B, H, Gp, D), torch.empty(B, H, Gp, D)
+        self._qtpad[Gp] = None                                         # a turned mean's query side (made when needed)
     return Gp
 
 @patch
@@ -385,7 +389,13 @@ def run_folded(self:DecodePlan, q:Tensor, # float32 [B, H, G, D]: the model's qu
     Gp, f = self._buffers(G), _Fold.from_buffer_copy(_fold(maps))   # a copy: the cached maps are shared across calls and threads
     out, lse = torch.empty(B, H, G, D), (torch.empty(B, H, Gp) if return_lse else None)
     tt = None if turn is None else turn_inputs(*turn, G, Gp, maps.scale, max(self.lens))
+    if maps.turn is not None:                         # the kernel writes the term's query side into the padded buffer
+        if turn is not None or pos is None: raise ValueError("run_folded: maps with a turned mean take pos, and no turn")
+        if self._qtpad[Gp] is None: self._qtpad[Gp] = torch.zeros(B, H, Gp, D)
+        if maps.tabs is None or maps.tabs[1].shape[0] * 64 < max(self.lens): maps.tabs = turn_tables(maps.omega, max(self.lens))
+        tt = (self._qtpad[Gp], *maps.tabs)
     _point(self._args[Gp], self._qpad[Gp], k_pages, v_pages, kc, vc, window, self._obuf[Gp], lse, tt)
+    f.tpos = None if maps.turn is None else pos.data_ptr()
     write = k is not None and window is not None
     f.q, f.G, f.out = q.data_ptr(), G, out.data_ptr()
     f.k, f.v = (k.data_ptr(), v.data_ptr()) if k is not None else (None, None)
@@ -397,9 +407,10 @@ def run_folded(self:DecodePlan, q:Tensor, # float32 [B, H, G, D]: the model's qu
 def _fold(m) -> _Fold:
     "A `LayerMaps`' matrices as the kernel reads them (made once: kept in `m.native`, which keeps the tensors alive)."
     if m.native is None:
-        ts = [None if t is None else t.float().contiguous() for t in (m.q, m.k, m.k_bias, m.v, m.o)]
-        f = _Fold(scale=m.scale)
-        f.qm, f.km, f.kb, f.vm, f.om = (None if t is None else t.data_ptr() for t in ts)
+        ts = [None if t is None else t.float().contiguous() for t in (m.q, m.k, m.k_bias, m.v, m.o, m.turn)]
+        ts.append(None if m.omega is None else m.omega.double().contiguous())
+        f = _Fold(scale=m.scale, tscale=m.scale)
+        f.qm, f.km, f.kb, f.vm, f.om, f.tm, f.omega = (None if t is None else t.data_ptr() for t in ts)
         f.qm_heads, f.km_heads, f.vm_heads, f.om_heads = (1 if t is None or t.ndim == 2 else t.shape[0]
                                                           for t in (ts[0], ts[1], ts[3], ts[4]))
         m.native = (f, ts)

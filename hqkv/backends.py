@@ -327,9 +327,8 @@ class PagedAttn:
             p.pre_qo, p.pre_prefix = i32(qo), i32([step.pos0[i] for i in pre])
             p.pre_lanes = i32([step.lanes[i] for i in pre])
             p.pre_max = max(step.lens[i] for i in pre)
-        p.folded = (bool(dec) and not pre and step.write_rows is None and self._plan_decode is not None
-                    and getattr(kv.key_profile, "turn", None) is None)   # the maps fold no turned mean
-        if p.folded and kv.windows is not None:
+        p.folded = bool(dec) and not pre and step.write_rows is None and self._plan_decode is not None
+        if p.folded and (kv.windows is not None or getattr(kv.key_profile, "turn", None) is not None):   # lanes, positions
             p.tokens = tuple(torch.tensor(c, dtype=torch.int64, device=dev) for c in zip(*[(step.lanes[i], step.pos0[i])
                                                                                           for i in dec]))
         return p
@@ -462,9 +461,10 @@ def cpu_kernels_read(pool:KVPool) -> bool:
 
 def default_backend(pool:KVPool, # the pool the backend reads
                     softcap:bool=False, # the model soft-caps attention logits (Gemma 2): only `gather` does
+                    turned:bool=False, # the key profile has a turned mean (`hqkv.keyprofile`): the Triton kernels do not read it
                    ) -> str:
     "Default: on CUDA the Triton kernels for pools they read, on CPU the CPU kernels', else `gather`."
     if softcap: return "gather"
-    if pool.device.type == "cuda" and triton_kernels_read(pool): return "triton"
+    if pool.device.type == "cuda" and not turned and triton_kernels_read(pool): return "triton"
     if pool.device.type == "cpu" and cpu_kernels_read(pool): return "cpu"
     return "gather"

@@ -26,6 +26,9 @@ class LayerMaps:
     o: Tensor|None    # outputs from the values' domain back
     scale: float
     native: object = None   # the CPU kernels' copy of the maps (made on first use by `DecodePlan.run_folded`)
+    turn: Tensor|None = None    # a turned mean (`hqkv.keyprofile`): [H, D], taken out of new keys at their position ...
+    omega: Tensor|None = None   # ... [D/2] its angles; the kernels add its score term
+    tabs: tuple|None = None     # the kernels' tables of omega (`hqkv.attention_cpu.turn_tables`, made on first use)
     def query(self, q:Tensor) -> Tensor: # [.., H, G, D] float32
         return q.float() * self.scale if self.q is None else torch.matmul(q.float(), self.q)
     def keys(self, k:Tensor) -> Tensor: # [.., H, D] float32
@@ -66,5 +69,6 @@ def layer_maps(kv, # a `PagedKV`: its codecs and key profile (the maps are kept 
         R = torch.eye(D, device=dev) if R is None else R   # [D, D] or [H, D, D]
         q, k = (P * s[:, None, :]) @ R * scale, (P / s[:, None, :]) @ R
         b = -torch.matmul(mu[:, None, :], k).squeeze(1)
-    m = kv.maps[li, scale] = LayerMaps(q, k, b, Rv, Ro, float(scale))
+    turn = None if prof is None or prof.turn is None else (prof.turn[li].to(dev), prof.omega[li].to(dev))
+    m = kv.maps[li, scale] = LayerMaps(q, k, b, Rv, Ro, float(scale), None, *(turn or (None, None)))
     return m

@@ -54,7 +54,8 @@ class PagedKV:
         if len(layers) != g.attn_layers or len(set(layers)) != len(layers):
             raise ValueError(f"layers must name the {g.attn_layers} distinct model layers of the pool's attention "
                              f"layers, got {layers}")
-        backend = get_backend(("gather" if decode_reads else default_backend(pool)) if attn is None else attn)
+        turned = getattr(key_profile, "turn", None) is not None
+        backend = get_backend(("gather" if decode_reads else default_backend(pool, turned=turned)) if attn is None else attn)
         backend.check(pool)
         if key_profile is not None:
             key_profile.check_geometry(layers, g.kv_heads, g.head_dim); key_profile = key_profile.to(pool.device)

@@ -70,7 +70,7 @@ struct Args {                                 // mirrored by hqkv.attention_cpu.
     const Fmt* wf; const int64_t* w_off;      // set by hqkv_cpu_decode: the window's rows (bf16) as a format and offsets
     // a turned mean (hqkv.keyprofile): its score term qt . (cos, sin)(p omega) added to every row's score; qt null: none
     const float* qt;                          // [B, H, Gp, D]: the queries' side (KeyProfile.turn_query), scaled as q
-    const float* turn_tab;                    // [64, D]: (cos, sin) of o omega, o = 0..63
+    const float* turn_tab;                    // [D, 80]: (cos, sin) of o omega, o = 0..63, per channel (then 16 zeros)
     const float* turn_base;                   // [turn_blocks, D]: (cos, sin) of 64 k omega
     int64_t turn_blocks;                      // rows of turn_base: every position read is below 64 turn_blocks
 };
@@ -1046,31 +1046,46 @@ static bool int_keys(const Fmt& kf) { return int_rows(kf); }
 static bool int_values(const Fmt& vf) { return int_rows(vf); }
 
 // a turned mean's score term: s[g][i] += qt_g . (cos, sin)((p + i) omega) for the rows of a block. Position 64 k + o: the
-// query's pairs turned by 64 k omega once per run of rows with the same k (turn_base), then a product with the table's row o
+// query's pairs turned by 64 k omega once per run of rows with the same k (turn_base), then 16 rows at a time in the lanes:
+// one FMA per channel with the table's column (turn_tab is [D, TURN_W]: channel j's values at o = 0..63, then padding)
+static const int TURN_W = 80;
 typedef float tvec __attribute__((vector_size(64)));
+// GN heads (1 to 8) from qt's head g0: their turned coefficients c [GN, D], then each column of the table read once for all
+template<int GN> __attribute__((always_inline)) static inline void turn_heads(const float* __restrict qt, const float* __restrict tab, const float* __restrict cb,
+                                              int o0, int m, int64_t D, float* __restrict s) {
+    const int64_t h = D / 2;
+    alignas(64) float c[GN][512];
+    for (int g = 0; g < GN; ++g) {
+        const float* __restrict x = qt + g * D;
+        for (int64_t j = 0; j < h; ++j) {
+            c[g][j] = x[j] * cb[j] + x[h + j] * cb[h + j];
+            c[g][h + j] = x[h + j] * cb[j] - x[j] * cb[h + j];
+        }
+    }
+    for (int i = 0; i < m; i += 16) {
+        tvec acc[GN];
+        for (int g = 0; g < GN; ++g) acc[g] = tvec{};
+        const float* __restrict t = tab + o0 + i;
+        for (int64_t j = 0; j < D; ++j) {
+            tvec tv; memcpy(&tv, t + j * TURN_W, 64);
+            for (int g = 0; g < GN; ++g) acc[g] += c[g][j] * tv;
+        }
+        const int r = std::min(16, m - i);
+        for (int g = 0; g < GN; ++g) for (int l = 0; l < r; ++l) s[g * BLK + i + l] += acc[g][l];
+    }
+}
 __attribute__((target_clones("avx512f", "avx2", "default")))
 static void turn_scores(const float* __restrict qt, const Args& a, int64_t p, int n, int64_t G, int64_t D, float* __restrict s) {
-    const int64_t h = D / 2;
-    alignas(64) float c[512];
     for (int i0 = 0; i0 < n;) {
         const int64_t pos = p + i0, k = pos / 64, o0 = pos % 64;
         const int m = (int)std::min<int64_t>(n - i0, 64 - o0);
-        const float* __restrict cb = a.turn_base + k * D;
-        for (int64_t g = 0; g < G; ++g) {
-            const float* __restrict x = qt + g * D;
-            for (int64_t j = 0; j < h; ++j) {
-                c[j] = x[j] * cb[j] + x[h + j] * cb[h + j];
-                c[h + j] = x[h + j] * cb[j] - x[j] * cb[h + j];
-            }
-            for (int i = 0; i < m; ++i) {
-                const float* __restrict t = a.turn_tab + (o0 + i) * D;
-                float acc = 0;
-                if (D % 16 == 0) {
-                    tvec v = tvec{};
-                    for (int64_t j = 0; j < D; j += 16) { tvec cv, tv; memcpy(&cv, c + j, 64); memcpy(&tv, t + j, 64); v += cv * tv; }
-                    for (int l = 0; l < 16; ++l) acc += v[l];
-                } else for (int64_t j = 0; j < D; ++j) acc += c[j] * t[j];
-                s[g * BLK + i0 + i] += acc;
+        const float* cb = a.turn_base + k * D;
+        for (int64_t g0 = 0; g0 < G; g0 += 8) {      // G: 1 to 8, or a multiple of 8 (the plan pads it)
+            const float* q = qt + g0 * D; float* sg = s + g0 * BLK + i0;
+            switch (std::min<int64_t>(G - g0, 8)) {
+#define HQKV_TURN(n) case n: turn_heads<n>(q, a.turn_tab, cb, (int)o0, m, D, sg); break;
+                HQKV_TURN(1) HQKV_TURN(2) HQKV_TURN(3) HQKV_TURN(4) HQKV_TURN(5) HQKV_TURN(6) HQKV_TURN(7) HQKV_TURN(8)
+#undef HQKV_TURN
             }
         }
         i0 += m;
@@ -1240,6 +1255,12 @@ struct Fold {                                 // mirrored by hqkv.attention_cpu.
     int64_t* lens;                            // the window's lengths [slots]: pos + 1 after the write
     float* out;                               // [B, H, G, D]: the output, back in the model's domain
     float scale;                              // the softmax scale, when qm is null (qm has it folded in)
+    // a turned mean (hqkv.keyprofile): the new keys lose RoPE_p(tm) before their map, and the kernel adds its score term
+    // from a.qt, which is written here (turn_query of q, times the scale); tm null: none
+    const float* tm;                          // [H, D]: the keys' mean before RoPE (KeyProfile.turn of the layer)
+    const double* omega;                      // [D/2]: RoPE's angle per position of each channel pair
+    const int64_t* tpos;                      // [B]: each row's position
+    float tscale;                             // the softmax scale (qm has it folded in; the term's side does not)
 };
 
 // y = x M (M [D, D] row-major) or y = s x (M null), D <= 512: accumulated in a local row (restrict: no aliasing, so the
@@ -1304,8 +1325,19 @@ extern "C" int hqkv_cpu_decode_folded(const Args* ap, const Fold* fp, float* wor
             else if (a.R) { kd = kr + (lane * a.R + p % a.R) * H * D; vd = vr + (lane * a.R + p % a.R) * H * D; }
             f.lens[lane] = p + 1;
         }
+        float x[512];
+        const int64_t hf = D / 2;
         for (int64_t h = 0; h < H && kd; ++h) {
-            map_rows(f.k + (b * H + h) * D, 1, D, f.km ? f.km + (f.km_heads > 1 ? h : 0) * DD : nullptr, 1.0f, D, y, D);
+            const float* kh = f.k + (b * H + h) * D;
+            if (f.tm) {                        // k - RoPE_p(tm): pairs (j, j + D/2) turned by p omega_j
+                const float* m = f.tm + h * D;
+                for (int64_t j = 0; j < hf; ++j) {
+                    const double a = (double)f.tpos[b] * f.omega[j]; const float c = (float)cos(a), sn = (float)sin(a);
+                    x[j] = kh[j] - (m[j] * c - m[hf + j] * sn); x[hf + j] = kh[hf + j] - (m[hf + j] * c + m[j] * sn);
+                }
+                kh = x;
+            }
+            map_rows(kh, 1, D, f.km ? f.km + (f.km_heads > 1 ? h : 0) * DD : nullptr, 1.0f, D, y, D);
             for (int64_t d = 0; d < D; ++d) kd[h * D + d] = f2bf(f.kb ? y[d] + f.kb[h * D + d] : y[d]);
             map_rows(f.v + (b * H + h) * D, 1, D, f.vm ? f.vm + (f.vm_heads > 1 ? h : 0) * DD : nullptr, 1.0f, D, y, D);
             for (int64_t d = 0; d < D; ++d) vd[h * D + d] = f2bf(y[d]);
@@ -1313,6 +1345,15 @@ extern "C" int hqkv_cpu_decode_folded(const Args* ap, const Fold* fp, float* wor
         for (int64_t h = 0; h < H; ++h) {
             const float* qm = f.qm ? f.qm + (f.qm_heads > 1 ? h : 0) * DD : nullptr;
             map_rows(f.q + (b * H + h) * G * D, G, D, qm, f.scale, D, qb + (b * H + h) * Gp * D, D);   // the G heads share qm
+            if (f.tm) {                        // the term's query side: per pair (q m + q' m', q' m - q m'), times the scale
+                const float* m = f.tm + h * D;
+                for (int64_t g = 0; g < G; ++g) {
+                    const float* q = f.q + ((b * H + h) * G + g) * D; float* t = const_cast<float*>(a.qt) + ((b * H + h) * Gp + g) * D;
+                    for (int64_t j = 0; j < hf; ++j) {
+                        t[j] = f.tscale * (q[j] * m[j] + q[hf + j] * m[hf + j]); t[hf + j] = f.tscale * (q[hf + j] * m[j] - q[j] * m[hf + j]);
+                    }
+                }
+            }
         }
     }
     int rc = hqkv_cpu_decode(ap, work);
