@@ -451,6 +451,15 @@ def _own_part(qr:Tensor, kr:Tensor, vr:Tensor, G:int,
     lse = torch.logsumexp(s, -1)
     return torch.einsum("hmn,nhd->hmd", torch.exp(s - lse[..., None]), vr), lse
 
+# %% ../nbs/34_attention.cpu.ipynb #fea8536b
+def _as_groups(x:Tensor, qo:list, H:int, G:int, Gp:int) -> Tensor: # [B, H, Gp, D]
+    "Chunk b's rows x[qo[b]:qo[b+1]] ([C, H*G, D]) as one query group of C*G heads per KV head, zero padded to Gp."
+    B, D = len(qo) - 1, x.shape[-1]
+    out = x.new_zeros(B, H, Gp, D)
+    for b in range(B):
+        out[b, :, :(qo[b + 1] - qo[b]) * G] = x[qo[b]:qo[b + 1]].reshape(-1, H, G, D).transpose(0, 1).reshape(H, -1, D)
+    return out
+
 # %% ../nbs/34_attention.cpu.ipynb #bac9e484
 # float [T, Hq, D]: the chunks' queries, sequence b's at rows qo_indptr[b]:qo_indptr[b+1]
 def paged_prefill_cpu(q:Tensor,
@@ -488,28 +497,19 @@ def paged_prefill_cpu(q:Tensor,
         if integer_keys(c): qr[:, h * G:(h + 1) * G] = int8_query(qr[:, h * G:(h + 1) * G])
     kr, vr = kc.rotate(k_new.float()), vc.rotate(v_new.float())
     Gp = _padded_group(max(qo[b + 1] - qo[b] for b in range(B)) * G)
-    Q = qr.new_zeros(B, H, Gp, D)
-    for b in range(B):
-        C = qo[b + 1] - qo[b]
-        Q[b, :, :C * G] = qr[qo[b]:qo[b + 1]].reshape(C, H, G, D).transpose(0, 1).reshape(H, C * G, D)
+    Q = _as_groups(qr, qo, H, G, Gp)
     spans = _spans(pl, window, slots)
     a = _args(B, H, Gp, D, P, spans, indptr, indices, (window.sinks, window.recent) if window is not None else (0, 0),
               threads, chunk)
-    tt, qt = None, None
-    if turn is not None:                                   # the queries' side, laid out as Q
-        qt = turn[0].float() * scale
-        Qt = torch.zeros(B, H, Gp, D)
-        for b in range(B): Qt[b, :, :(qo[b + 1] - qo[b]) * G] = qt[qo[b]:qo[b + 1]].reshape(-1, H, G, D).transpose(0, 1).reshape(H, -1, D)
-        tt = (Qt, *turn_tables(turn[1], max(pl)))
+    qt = None if turn is None else turn[0].float() * scale   # a turned mean's query side, laid out as Q for the kernels
+    tt = None if turn is None else (_as_groups(qt, qo, H, G, Gp), *turn_tables(turn[1], max(pl)))
     o1, l1 = _call(a, Q, k_pages, v_pages, kc, vc, window, torch.empty(items * H * Gp * (D + 2)), tt)
     out, lse = torch.empty(T, H, G, D), torch.empty(T, H, G)
     for b in range(B):
         a, e = qo[b], qo[b + 1]; C = e - a
         if C == 0: continue
-        bias = None
-        if turn is not None:
-            ang = (pl[b] + torch.arange(C)).double()[:, None] * turn[1].double().cpu()
-            bias = qt[a:e] @ torch.cat([ang.cos(), ang.sin()], -1).float().T   # [C, Hq, C]
+        ang = None if turn is None else (pl[b] + torch.arange(C)).double()[:, None] * turn[1].double().cpu()
+        bias = None if turn is None else qt[a:e] @ torch.cat([ang.cos(), ang.sin()], -1).float().T   # [C, Hq, C]
         o2, l2 = _own_part(qr[a:e], kr[a:e], vr[a:e], G, bias)
         x1, y1 = o1[b, :, :C * G], l1[b, :, :C * G]
         m = torch.maximum(y1, l2)                               # l2 is finite: a query always sees itself

@@ -451,7 +451,8 @@ def _rotate_half(x:Tensor, cos:Tensor, sin:Tensor) -> Tensor: # RoPE as Llama, Q
 
 class _RopeRecorder:
     "Per layer: the sum of pre-RoPE keys (positions >= skip) and the cos/sin rows of every position, checked as they come."
-    def __init__(self, n_layers:int, skip:int): self.n, self.skip, self.calls, self.pos, self.sums, self.cs = n_layers, skip, 0, 0, {}, {}
+    def __init__(self, n_layers:int, skip:int):
+        self.n, self.skip, self.calls, self.pos, self.sums, self.cs = n_layers, skip, 0, 0, {}, {}
     def __call__(self, orig, q, k, cos, sin, *a, **kw):
         qo, ko = orig(q, k, cos, sin, *a, **kw)
         l, T = self.calls % self.n, k.shape[2]
@@ -466,7 +467,8 @@ class _RopeRecorder:
 
 # %% ../nbs/15_calibrate.ipynb #85eb8788
 def _omega(cs:list, what:str) -> tuple[float, Tensor]: # (cos/sin scale, float64 angles [D/2]) from [(first pos, cos, sin)]
-    pos = torch.cat([p + torch.arange(c.shape[0]) for p, c, _ in cs]); c = torch.cat([c for _, c, _ in cs]); s = torch.cat([x for *_, x in cs])
+    pos = torch.cat([p + torch.arange(c.shape[0]) for p, c, _ in cs])
+    c, s = torch.cat([c for _, c, _ in cs]), torch.cat([x for *_, x in cs])
     h = c.shape[1] // 2
     if not (torch.equal(c[:, :h], c[:, h:]) and torch.equal(s[:, :h], s[:, h:])) or pos[0] != 0 or pos.numel() < 3:
         raise ValueError(f"{what}: RoPE's cos/sin are not one angle per channel pair (j, j + D/2) from position 0")

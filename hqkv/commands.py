@@ -360,7 +360,8 @@ def _print_calibration(prof, r:dict, choice:dict|None):
           f"{r['kv_heads']} x {r['head_dim']}, {prof.n_tokens:,} tokens of {prof.source}"
           + (f" (read again out to {prof.reach:,} positions)" if prof.reach > prof.n_tokens else "") + f", mode {prof.mode}"
           + (f", rotated on {r['rotated_heads']} of {prof.n_layers * prof.kv_heads} (layer, KV head)" if prof.rot is not None else "")
-          + (", the keys' mean before RoPE taken out at each position (turned mean)" if prof.turn is not None else ""))
+          + (", the keys' mean before RoPE taken out at each position (turned mean)" if prof.turn is not None else "")
+          )
     for i, l in enumerate(prof.layers):
         print(f"  layer {l}: |mu| max {r['mu_abs_max'][i]:g}, sigma min/median/max {r['sigma_min'][i]:g} / "
               f"{r['sigma_median'][i]:g} / {r['sigma_max'][i]:g}")

@@ -110,7 +110,7 @@ class KeyProfile:
     rot: Tensor|None = None     # float32 [n_attn_layers, kv_heads, head_dim, head_dim], orthogonal; sigma is per axis of it
     reach: int = 0              # keys were read out to this position (`calibrate_hf(reach=)`); 0: not recorded (older files)
     # the turned mean (`with_turned_mean`): keys are coded as (k - mu - RoPE_p(turn)) @ rot / sigma at their position p
-    turn: Tensor|None = None    # float32 [n_attn_layers, kv_heads, head_dim]: the keys' mean before RoPE (times its cos/sin scale)
+    turn: Tensor|None = None    # float32 [n_attn_layers, kv_heads, head_dim]: the keys' mean before RoPE (x RoPE's scale)
     omega: Tensor|None = None   # float64 [n_attn_layers, head_dim / 2]: RoPE's angle per position of each channel pair
 
     def __post_init__(self): _check_profile(self)

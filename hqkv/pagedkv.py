@@ -31,6 +31,15 @@ class SeqUndo:
     window_len: int            # tokens its window held
     ring: tuple = ()           # per ring segment the step overwrites: (first slot, K rows, V rows [layers, n, H, D])
 
+# %% ../nbs/40a_pagedkv.ipynb #fed73321
+def _pool_layers(g, layers) -> tuple:
+    "The model layer of each pool layer: the geometry's, or `layers` checked against it."
+    layers = tuple(g.attn_layer_ids) if layers is None else tuple(layers)
+    if len(layers) != g.attn_layers or len(set(layers)) != len(layers):
+        raise ValueError(f"layers must name the {g.attn_layers} distinct model layers of the pool's attention "
+                         f"layers, got {layers}")
+    return layers
+
 # %% ../nbs/40a_pagedkv.ipynb #21161066
 class PagedKV:
     "Full-attention K/V of a batch of sequences in a `KVPool`: coded pages, the exact window, attention per layer."
@@ -50,18 +59,15 @@ class PagedKV:
             if isinstance(x, bool) or not isinstance(x, int) or x < 0:
                 raise ValueError(f"{n} must be a non-negative int, got {x!r}")
         g = pool.geometry
-        layers = tuple(g.attn_layer_ids) if layers is None else tuple(layers)
-        if len(layers) != g.attn_layers or len(set(layers)) != len(layers):
-            raise ValueError(f"layers must name the {g.attn_layers} distinct model layers of the pool's attention "
-                             f"layers, got {layers}")
-        turned = getattr(key_profile, "turn", None) is not None
+        layers = _pool_layers(g, layers)
+        turned = getattr(key_profile, "turn", None) is not None                  # a turned mean: not every backend reads it
         backend = get_backend(("gather" if decode_reads else default_backend(pool, turned=turned)) if attn is None else attn)
         backend.check(pool)
+        if turned and not backend.turned_mean:
+            raise ValueError(f"the {backend.name} attention backend does not read a key profile with a turned mean "
+                             f"({key_profile.tag}); use attn='cpu' or 'gather', or a profile without one")
         if key_profile is not None:
             key_profile.check_geometry(layers, g.kv_heads, g.head_dim); key_profile = key_profile.to(pool.device)
-            if getattr(key_profile, "turn", None) is not None and not backend.turned_mean:
-                raise ValueError(f"the {backend.name} attention backend does not read a key profile with a turned mean "
-                                 f"({key_profile.tag}); use attn='cpu' or 'gather', or a profile without one")
         self.pool, self.codec, self.backend, self.key_profile = pool, pool.codec, backend, key_profile
         self.k_codecs = tuple(pool.k_codec(i) for i in range(g.attn_layers))   # per pool layer: its keys' codec ...
         # ... and its values' (one and the same in a one-format pool)
@@ -81,8 +87,7 @@ class PagedKV:
         self._free = list(range(self.capacity - 1, -1, -1))
         self.lanes: dict = {}            # seq_id -> lane
         self.admissions: dict = {}       # seq_id -> its pool Admission (when admitted here)
-        # seq_id -> first position whose rows wait in the window for their page (defer_codes)
-        self.pending: dict = {}
+        self.pending: dict = {}          # seq_id -> first position whose rows wait in the window for their page (defer_codes)
         self.step: StepPlan|None = None  # the step being run
         self.last: StepPlan|None = None  # the last finished step (until the next begin), for `undo`
         for s in seq_ids: self.attach(s)
