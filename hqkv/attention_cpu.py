@@ -14,6 +14,7 @@ from fastcore.basics import patch
 from .codec import Codec, HeadsCodec, head_codecs
 from .native import build, cpu_model
 from .attention import ExactWindow, _pair, _check_pages, _check_q, _check_table, _check_int, _check_window
+from .keyprofile import turn_angles
 
 # %% auto #0
 __all__ = ['SOURCE', 'ISAS', 'E8_LOOKUPS', 'CPU_FORMATS', 'e8_tables', 'lib', 'set_isa', 'isas_here', 'set_e8_lookup',
@@ -246,9 +247,8 @@ def turn_tables(omega:Tensor, # float64 [D/2]: a layer's RoPE angles per positio
     t = _TURN_TABLES.get(key)
     if t is None or t[1].shape[0] < K:
         K = max(K, 2 * (0 if t is None else t[1].shape[0]))
-        cs = lambda p: (lambda a: torch.cat([a.cos(), a.sin()], -1).float().contiguous())(p.double()[:, None] * w)
-        tab = torch.cat([cs(torch.arange(64)).T, torch.zeros(2 * len(w), 16)], 1).contiguous()
-        t = _TURN_TABLES[key] = (tab, cs(64 * torch.arange(K)))
+        tab = torch.cat([turn_angles(w, torch.arange(64)).T, torch.zeros(2 * len(w), 16)], 1).contiguous()
+        t = _TURN_TABLES[key] = (tab, turn_angles(w, 64 * torch.arange(K)).contiguous())
     return t
 
 def turn_inputs(qt:Tensor, # float [B, H*G, D] or [B, H, G, D]: the queries' side of the term (`KeyProfile.turn_query`)
@@ -508,8 +508,7 @@ def paged_prefill_cpu(q:Tensor,
     for b in range(B):
         a, e = qo[b], qo[b + 1]; C = e - a
         if C == 0: continue
-        ang = None if turn is None else (pl[b] + torch.arange(C)).double()[:, None] * turn[1].double().cpu()
-        bias = None if turn is None else qt[a:e] @ torch.cat([ang.cos(), ang.sin()], -1).float().T   # [C, Hq, C]
+        bias = None if turn is None else qt[a:e] @ turn_angles(turn[1].cpu(), pl[b] + torch.arange(C)).T   # [C, Hq, C]
         o2, l2 = _own_part(qr[a:e], kr[a:e], vr[a:e], G, bias)
         x1, y1 = o1[b, :, :C * G], l1[b, :, :C * G]
         m = torch.maximum(y1, l2)                               # l2 is finite: a query always sees itself

@@ -17,6 +17,7 @@ from .attention import paged_decode, paged_prefill
 from .pool import KVPool, PageTable
 from .window import window_put, window_into, decode_span, decode_reads
 from .layer_maps import layer_maps
+from .keyprofile import turn_angles
 
 # %% auto #0
 __all__ = ['ATTN_BACKENDS', 'StepPlan', 'AttnBackend', 'encode_store', 'store_rows', 'gqa_attention', 'GatherDecode',
@@ -233,8 +234,7 @@ def turn_columns(K:Tensor, # float32 [..., L, H, D]: keys at positions p0 .. p0 
                  p0:int=0) -> Tensor: # [..., L, H, 2D]
     "K with a turned mean's keys' side as D more columns: [k, (cos, sin)(p omega)] . [q', qt] adds the term (None: K)."
     if omega is None: return K
-    a = (p0 + torch.arange(K.shape[-3], device=K.device)).double()[:, None] * omega.to(K.device)
-    E = torch.cat([a.cos(), a.sin()], -1).float()[:, None]
+    E = turn_angles(omega, p0 + torch.arange(K.shape[-3], device=K.device))[:, None]
     return torch.cat([K, E.expand(*K.shape[:-1], E.shape[-1])], -1)
 
 @patch

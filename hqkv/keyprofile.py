@@ -19,7 +19,7 @@ from .models.identity import DEFAULT_MODEL, ModelIdentity, cache_dir
 
 # %% auto #0
 __all__ = ['PROFILE_FORMAT', 'PROFILE_VERSION', 'READ_VERSIONS', 'MODES', 'PROFILE_FILES', 'CALIB_TEXT', 'KeyProfile',
-           'default_profile', 'profile_path', 'find_profile', 'warn_no_profile', 'resolve_key_profile',
+           'turn_angles', 'default_profile', 'profile_path', 'find_profile', 'warn_no_profile', 'resolve_key_profile',
            'describe_key_profile', 'CacheSetup', 'cache_setup']
 
 # %% ../nbs/14b_keyprofile.ipynb #95eab168
@@ -197,6 +197,13 @@ def apply_query(self:KeyProfile, layer_slot:int, q:Tensor, # float [..., Hq, hea
     return self._rot(layer_slot, q.to(torch.float32)) * s
 
 # %% ../nbs/14b_keyprofile.ipynb #8fa72973
+def turn_angles(omega:Tensor, # float64 [D/2]: RoPE's angle per position of each channel pair (`KeyProfile.omega[slot]`)
+                pos:Tensor, # int [T]: positions
+               ) -> Tensor: # float32 [T, D]: cos then sin of pos * omega, computed in float64
+    "The keys' side of a turned mean's score term; every reader (torch, the CPU kernels' tables) makes it here."
+    a = pos.to(torch.float64)[:, None] * omega.to(pos.device, torch.float64)
+    return torch.cat([a.cos(), a.sin()], -1).float()
+
 @patch
 def _angles(self:KeyProfile, slot:int, pos:Tensor) -> tuple[Tensor, Tensor]: # float64 [T, D/2] cos and sin of pos * omega
     a = pos.to(torch.float64)[:, None] * self.omega[slot].to(pos.device)
@@ -213,7 +220,7 @@ def turned(self:KeyProfile, slot:int, pos:Tensor, # int [T]: positions
 @patch
 def turn_keys(self:KeyProfile, slot:int, pos:Tensor) -> Tensor: # float32 [T, head_dim]: (cos, sin) of pos * omega
     "The keys' side of the score term a read adds back: q . RoPE_p(turn) = turn_query(q) . turn_keys(p)."
-    return torch.cat(self._angles(slot, pos), -1).float()
+    return turn_angles(self.omega[slot], pos)
 
 @patch
 def turn_query(self:KeyProfile, slot:int, q:Tensor, # float [..., Hq, head_dim], the model's queries

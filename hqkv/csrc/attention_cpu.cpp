@@ -1325,15 +1325,16 @@ extern "C" int hqkv_cpu_decode_folded(const Args* ap, const Fold* fp, float* wor
             else if (a.R) { kd = kr + (lane * a.R + p % a.R) * H * D; vd = vr + (lane * a.R + p % a.R) * H * D; }
             f.lens[lane] = p + 1;
         }
-        float x[512];
+        float x[512], cs[256], sn[256];
         const int64_t hf = D / 2;
+        if (f.tm && kd)                        // the token's angles, once for its heads
+            for (int64_t j = 0; j < hf; ++j) { const double a = (double)f.tpos[b] * f.omega[j]; cs[j] = (float)cos(a); sn[j] = (float)sin(a); }
         for (int64_t h = 0; h < H && kd; ++h) {
             const float* kh = f.k + (b * H + h) * D;
             if (f.tm) {                        // k - RoPE_p(tm): pairs (j, j + D/2) turned by p omega_j
                 const float* m = f.tm + h * D;
                 for (int64_t j = 0; j < hf; ++j) {
-                    const double a = (double)f.tpos[b] * f.omega[j]; const float c = (float)cos(a), sn = (float)sin(a);
-                    x[j] = kh[j] - (m[j] * c - m[hf + j] * sn); x[hf + j] = kh[hf + j] - (m[hf + j] * c + m[j] * sn);
+                    x[j] = kh[j] - (m[j] * cs[j] - m[hf + j] * sn[j]); x[hf + j] = kh[hf + j] - (m[hf + j] * cs[j] + m[j] * sn[j]);
                 }
                 kh = x;
             }
