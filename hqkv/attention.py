@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from fastcore.basics import patch
 from .codec import Codec, HeadsCodec, get_codec, list_codecs
+from .keyprofile import turn_columns
 
 # %% auto #0
 __all__ = ['ExactWindow', 'paged_decode', 'random_paged', 'dense_kv', 'sdpa_decode', 'paged_prefill']
@@ -178,6 +179,15 @@ def _check_window(window, slots, lens, kv_heads, head_dim, what):
     if bad: raise ValueError(f"window and pages describe different tokens: (batch row, window len, {what}) = {bad}")
     return sl
 
+def _with_turn(qr:Tensor, turn:tuple|None, scale:float) -> tuple[Tensor, Tensor|None]:
+    "qr with a turned mean's query side (times the scale) as D more columns, and its omega; (qr, None) without one."
+    if turn is None: return qr, None
+    qt, omega = turn
+    if not isinstance(qt, Tensor) or qt.shape != qr.shape or tuple(omega.shape) != (qr.shape[-1] // 2,):
+        raise ValueError(f"turn: qt must be float {tuple(qr.shape)} (q's shape) and omega [{qr.shape[-1] // 2}], got "
+                         f"{tuple(getattr(qt, 'shape', ()))} and {tuple(getattr(omega, 'shape', ()))}")
+    return torch.cat([qr, qt.to(qr.device, torch.float32) * scale], -1), omega
+
 def _check_q(q, heads_kv, D, name="q", ndim=3):
     if not isinstance(q, Tensor) or not q.is_floating_point() or q.ndim != ndim:
         raise TypeError(f"{name} must be a floating-point tensor with {ndim} dims, got "
@@ -189,13 +199,13 @@ def _check_q(q, heads_kv, D, name="q", ndim=3):
 
 # %% ../nbs/30_attention.ref.ipynb #b4cba766
 class _Softmax:
-    "FP32 online-softmax state for queries qr [kv_heads, M, D] (rotated, scale folded in)."
-    def __init__(self, qr:Tensor):
+    "FP32 online-softmax state for queries qr [kv_heads, M, D] (rotated, scale folded in) and values of size dv (default D)."
+    def __init__(self, qr:Tensor, dv:int|None=None):
         self.qr = qr
         H, M, D = qr.shape
         self.m = torch.full((H, M), -math.inf, device=qr.device)
         self.l = torch.zeros(H, M, device=qr.device)
-        self.acc = torch.zeros(H, M, D, device=qr.device)
+        self.acc = torch.zeros(H, M, dv or D, device=qr.device)
 
     def update(self, k:Tensor, v:Tensor, # float32 [n, kv_heads, D] (codec domain)
                mask:Tensor|None=None): # bool [M, n]: which keys each query row may see
@@ -239,6 +249,7 @@ def paged_decode(q:Tensor, # float [B, Hq, D], original domain; Hq a multiple of
                  window:ExactWindow|None=None, # exact sink/recent tokens used instead of their codes
                  window_slots:Tensor|None=None, # int32 [B]: each row's window slot (default 0..B-1)
                  return_lse:bool=False, # also return the log-sum-exp of the scaled scores, float32 [B, Hq]
+                 turn:tuple|None=None, # a turned mean's term: (qt [B, Hq, D] `KeyProfile.turn_query`, omega [D/2])
                 ) -> Tensor|tuple[Tensor, Tensor]: # o [B, Hq, D] in q's dtype (and lse)
     "Paged decode attention over coded pages: block by block, rotated domain, FP32 online softmax."
     num_pages, P, Hkv = _check_pages(k_pages, v_pages, codec)
@@ -254,13 +265,13 @@ def paged_decode(q:Tensor, # float [B, Hq, D], original domain; Hq a multiple of
     lens = [(ip[b + 1] - ip[b] - 1) * P + lpl[b] for b in range(B)]
     slots = _check_window(window, window_slots, lens, Hkv, D, "sequence length")
     scale = 1 / math.sqrt(D) if scale is None else float(scale)
-    qr = kc.rotate(q.float()) * scale                         # rotate the query once (into the keys' domain)
+    qr, omega = _with_turn(kc.rotate(q.float()) * scale, turn, scale)   # rotate the query once (into the keys' domain)
     out = torch.empty(B, Hkv, G, D, device=q.device); lse = torch.empty(B, Hkv, G, device=q.device)
     for b in range(B):
-        sm = _Softmax(qr[b].reshape(Hkv, G, D))
-        for _, k, v in _page_blocks(k_pages, v_pages, idx[ip[b]:ip[b + 1]], lens[b], codec, window,
-                                    None if slots is None else slots[b]):
-            sm.update(k, v)
+        sm = _Softmax(qr[b].reshape(Hkv, G, -1), D)
+        for pos, k, v in _page_blocks(k_pages, v_pages, idx[ip[b]:ip[b + 1]], lens[b], codec, window,
+                                      None if slots is None else slots[b]):
+            sm.update(turn_columns(k, omega, int(pos[0])), v)
         out[b], lse[b] = sm.finish()
     o = vc.unrotate(out.reshape(B, Hkv * G, D)).to(q.dtype)     # rotate the output back once (from the values' domain)
     return (o, lse.reshape(B, Hkv * G)) if return_lse else o
@@ -327,6 +338,7 @@ def paged_prefill(q:Tensor, # float [T, Hq, D]: the chunks' queries, sequence b'
                   window_slots:Tensor|None=None, # int32 [B]
                   block:int=64, # chunk keys per block
                   return_lse:bool=False,
+                  turn:tuple|None=None, # a turned mean's term: (qt [T, Hq, D], omega [D/2]), as `paged_decode`'s
                  ) -> Tensor|tuple[Tensor, Tensor]: # o [T, Hq, D] in q's dtype (and lse float32 [T, Hq])
     "Chunked-prefill attention: queries vs coded prefix pages + their own exact K/V, causal, FP32 online softmax."
     num_pages, P, Hkv = _check_pages(k_pages, v_pages, codec)
@@ -347,21 +359,22 @@ def paged_prefill(q:Tensor, # float [T, Hq, D]: the chunks' queries, sequence b'
         raise ValueError(f"prefix_lens {pl} must be >= 0 and fit in each sequence's pages")
     slots = _check_window(window, window_slots, pl, Hkv, D, "prefix length")
     scale = 1 / math.sqrt(D) if scale is None else float(scale)
-    qr = kc.rotate(q.float()) * scale
+    qr, omega = _with_turn(kc.rotate(q.float()) * scale, turn, scale)
     kr, vr = kc.rotate(k_new.float()), vc.rotate(v_new.float())
     out = torch.empty(T, Hkv, G, D, device=q.device); lse = torch.empty(T, Hkv, G, device=q.device)
     for b in range(B):
         a, e = qo[b], qo[b + 1]; C = e - a
         if C == 0: continue
-        rows = qr[a:e].reshape(C, Hkv, G, D).permute(1, 2, 0, 3).reshape(Hkv, G * C, D)  # row = g * C + i
-        sm = _Softmax(rows)
-        for _, k, v in _page_blocks(k_pages, v_pages, idx[ip[b]:ip[b + 1]], pl[b], codec, window,
-                                    None if slots is None else slots[b]):
-            sm.update(k, v)                                   # the prefix: all visible
+        rows = qr[a:e].reshape(C, Hkv, G, -1).permute(1, 2, 0, 3).reshape(Hkv, G * C, -1)  # row = g * C + i
+        sm = _Softmax(rows, D)
+        for pos, k, v in _page_blocks(k_pages, v_pages, idx[ip[b]:ip[b + 1]], pl[b], codec, window,
+                                      None if slots is None else slots[b]):
+            sm.update(turn_columns(k, omega, int(pos[0])), v)   # the prefix: all visible
         qpos = torch.arange(C, device=q.device).repeat(G)     # chunk index of each row
         for j in range(0, C, block):
             kpos = torch.arange(j, min(C, j + block), device=q.device)
-            sm.update(kr[a + j:a + j + len(kpos)], vr[a + j:a + j + len(kpos)], kpos[None, :] <= qpos[:, None])
+            sm.update(turn_columns(kr[a + j:a + j + len(kpos)], omega, pl[b] + j), vr[a + j:a + j + len(kpos)],
+                      kpos[None, :] <= qpos[:, None])
         o_b, l_b = sm.finish()
         out[a:e] = o_b.reshape(Hkv, G, C, D).permute(2, 0, 1, 3); lse[a:e] = l_b.reshape(Hkv, G, C).permute(2, 0, 1)
     o = vc.unrotate(out.reshape(T, Hkv * G, D)).to(q.dtype)

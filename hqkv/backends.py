@@ -17,11 +17,11 @@ from .attention import paged_decode, paged_prefill
 from .pool import KVPool, PageTable
 from .window import window_put, window_into, decode_span, decode_reads
 from .layer_maps import layer_maps
-from .keyprofile import turn_angles
+from .keyprofile import turn_columns
 
 # %% auto #0
 __all__ = ['ATTN_BACKENDS', 'StepPlan', 'AttnBackend', 'encode_store', 'store_rows', 'gqa_attention', 'GatherDecode',
-           'GatherPlan', 'gqa_padded', 'GatherAttn', 'page_rows_decoded', 'turn_columns', 'PagedPlan', 'PagedAttn',
+           'GatherPlan', 'gqa_padded', 'GatherAttn', 'page_rows_decoded', 'PagedPlan', 'PagedAttn',
            'triton_kernels_read', 'get_backend', 'cpu_kernels_read', 'default_backend']
 
 # %% ../nbs/36_backends.ipynb #e9dde35e
@@ -61,14 +61,13 @@ class AttnBackend(Protocol):
     softcap: bool        # whether it applies attention-logit soft-capping (Gemma 2)
     # whether decode rows may wait in the window for their page (`PagedKV` codes a full page's with `encode_rotated`)
     defers_codes: bool
-    turned_mean: bool    # whether it adds a turned mean's score term (`attend`'s turn: (qt, omega), `hqkv.keyprofile`)
     def check(self, pool:KVPool): ...  # refuse a pool it cannot read (ValueError naming why)
     # what every layer of the step reuses (kv: the `PagedKV`); a `folded` plan takes raw q/k (`hqkv.layer_maps`)
     def plan(self, kv, step:StepPlan) -> object: ...
     def store(self, kv, li:int, k:Tensor, v:Tensor, slots:Tensor): ...  # code rows into pool layer li
     def store_rows(self, kv, li:int, kr:Tensor, vr:Tensor, slots:Tensor): ...  # write rows already coded (deferred ones)
     def attend(self, kv, step:StepPlan, li:int, q:Tensor, k:Tensor, v:Tensor, scale:float,
-               softcap:float|None, turn:tuple|None=None) -> Tensor: ...
+               softcap:float|None, turn:tuple|None=None) -> Tensor: ...   # turn: a turned mean's (qt, omega), `hqkv.keyprofile`
 
 def encode_store(kv, # a `PagedKV`
                  li:int, k:Tensor, v:Tensor, slots:Tensor):
@@ -184,7 +183,7 @@ def gqa_padded(q:Tensor, # float32 [B, Hq, D]: one query per sequence
 class GatherAttn:
     "Decode tokens as one padded batch, prefill chunks one at a time."
     # coded rows decoded, window rows copied, a chunk's own rows exact
-    name, softcap, defers_codes, turned_mean = "gather", True, True, True
+    name, softcap, defers_codes = "gather", True, True
     def __init__(self): self._scratch = {}   # K/V buffers every layer reuses (a fresh one per layer costs page faults)
     def check(self, pool): pass
     store, store_rows = staticmethod(encode_store), staticmethod(store_rows)
@@ -228,14 +227,6 @@ def page_rows_decoded(kv, li:int, src:Tensor) -> tuple[Tensor, Tensor]:
 
 @patch
 def _rows(self:GatherAttn, kv, li, src): return page_rows_decoded(kv, li, src)
-
-def turn_columns(K:Tensor, # float32 [..., L, H, D]: keys at positions p0 .. p0 + L - 1
-                 omega:Tensor|None, # float64 [D/2]: a turned mean's angles (`KeyProfile.omega`), or None
-                 p0:int=0) -> Tensor: # [..., L, H, 2D]
-    "K with a turned mean's keys' side as D more columns: [k, (cos, sin)(p omega)] . [q', qt] adds the term (None: K)."
-    if omega is None: return K
-    E = turn_angles(omega, p0 + torch.arange(K.shape[-3], device=K.device))[:, None]
-    return torch.cat([K, E.expand(*K.shape[:-1], E.shape[-1])], -1)
 
 @patch
 def _decode(self:GatherAttn, kv, li:int, d:GatherDecode, qr, kr, vr, scale, softcap, omega=None) -> Tensor:
@@ -300,9 +291,8 @@ class PagedAttn:
     def __init__(self, name:str, decode, prefill, store=None, check=None, chunk_arg:bool=False, defers_codes:bool=True,
                  # (k_pages, v_pages, indptr, indices, last_page_len, codec, window, slots) -> an object whose `run`
                  # every layer calls
-                 plan_decode=None,
-                 turned_mean:bool=False): # decode and prefill take turn=(qt, omega) (the CPU kernels)
-        self.name, self._decode, self._prefill, self.turned_mean = name, decode, prefill, turned_mean
+                 plan_decode=None):
+        self.name, self._decode, self._prefill = name, decode, prefill   # each takes turn=(qt, omega): a turned mean
         self._store, self._check, self._chunk_arg = store, check, chunk_arg
         self._plan_decode = plan_decode
         self.defers_codes = defers_codes
@@ -345,8 +335,6 @@ def attend(self:PagedAttn, kv, step, li, q, k, v, scale, softcap=None, turn=None
     if softcap is not None:
         raise ValueError(f"the {self.name} attention backend has no logit soft-capping (softcap={softcap}); "
                          "use attn='gather'")
-    if turn is not None and not self.turned_mean:
-        raise ValueError(f"the {self.name} attention backend does not read a key profile with a turned mean")
     tw = (lambda rows, hs: {}) if turn is None else (lambda rows, hs: dict(turn=(turn[0][rows][:, hs], turn[1])))
     p, w = step.attn, (kv.windows[li] if kv.windows is not None else None)
     if p.folded: return self._folded_decode(kv, step, li, q, k, v, scale)
@@ -422,7 +410,7 @@ def triton_kernels_read(pool:KVPool) -> bool:
 def _cpu_backend() -> PagedAttn:
     "The CPU kernels that read pages in place (`hqkv.attention_cpu`; built with g++ on first use, or a named error)."
     from hqkv.attention_cpu import DecodePlan, paged_decode_cpu, paged_prefill_cpu
-    return PagedAttn("cpu", paged_decode_cpu, paged_prefill_cpu, check=_cpu_check, plan_decode=DecodePlan, turned_mean=True)
+    return PagedAttn("cpu", paged_decode_cpu, paged_prefill_cpu, check=_cpu_check, plan_decode=DecodePlan)
 
 def _cpu_check(pool):
     "ValueError naming a key or value format (of a layer, or of one KV head) the CPU kernels do not read."
@@ -461,10 +449,9 @@ def cpu_kernels_read(pool:KVPool) -> bool:
 
 def default_backend(pool:KVPool, # the pool the backend reads
                     softcap:bool=False, # the model soft-caps attention logits (Gemma 2): only `gather` does
-                    turned:bool=False, # the key profile has a turned mean (`hqkv.keyprofile`): the Triton kernels do not read it
                    ) -> str:
     "Default: on CUDA the Triton kernels for pools they read, on CPU the CPU kernels', else `gather`."
     if softcap: return "gather"
-    if pool.device.type == "cuda" and not turned and triton_kernels_read(pool): return "triton"
+    if pool.device.type == "cuda" and triton_kernels_read(pool): return "triton"
     if pool.device.type == "cpu" and cpu_kernels_read(pool): return "cpu"
     return "gather"

@@ -236,7 +236,7 @@ def _calibrate_setup(p:argparse.ArgumentParser):
                         "head with --per-head) whether it reads the rotated or the per-channel profile (the proxy only)")
     p.add_argument("--turned-mean", action="store_true",
                    help="also take the keys' mean before RoPE out of them, turned to each key's position, and add it back "
-                        "when they are read (hqkv.calibrate.turned_mean; read by the cpu and gather attention backends; a "
+                        "when they are read (hqkv.calibrate.turned_mean; read by every attention backend of the engine; a "
                         "plan is measured before it is added)")
     p.add_argument("--chunk", type=int, default=1024, help="tokens per forward of the capture run (default: 1024)")
     p.add_argument("--reach", type=int, default=None,

@@ -116,13 +116,10 @@ def _build(self:Engine, cfg:EngineConfig):
     pool = KVPool(self.geometry, cfg.kv_format, cfg.kv_pool_bytes, device=cfg.device, key_formats=p.key_formats,
                   value_formats=p.value_formats, codec_opts=opts)
     softcap = getattr(text_config(lm.model.config), "attn_logit_softcapping", None) is not None
-    turned = getattr(prof, "turn", None) is not None
-    attn = cfg.attn or default_backend(pool, softcap=softcap, turned=turned)
-    if pool.device.type == "cuda" and cfg.attn is None and not softcap and attn == "gather" and (turned or bp is not None):
-        _log.warning(f"the key profile ({prof.tag}) has a turned mean, which the Triton kernels do not read yet; attention "
-                     "runs on the gather path" if turned else f"kv.bit_plan: the key profile's plan ({bp.tag}) holds a "
-                     "format the Triton kernels do not read; attention runs on the gather path (kv.bit_plan=off keeps "
-                     "the kernels)")
+    attn = cfg.attn or default_backend(pool, softcap=softcap)
+    if pool.device.type == "cuda" and cfg.attn is None and not softcap and attn == "gather" and bp is not None:
+        _log.warning(f"kv.bit_plan: the key profile's plan ({bp.tag}) holds a format the Triton kernels do not read; "
+                     "attention runs on the gather path (kv.bit_plan=off keeps the kernels)")
     paged = PagedKV(pool, window_sinks=cfg.window_sinks, window_recent=cfg.window_recent, attn=attn,
                     lanes=cfg.max_batch, key_profile=prof)
     # a model the backend cannot run (soft-capping on ref/triton, a profile with soft-capping): ValueError

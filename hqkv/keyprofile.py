@@ -19,8 +19,8 @@ from .models.identity import DEFAULT_MODEL, ModelIdentity, cache_dir
 
 # %% auto #0
 __all__ = ['PROFILE_FORMAT', 'PROFILE_VERSION', 'READ_VERSIONS', 'MODES', 'PROFILE_FILES', 'CALIB_TEXT', 'KeyProfile',
-           'turn_angles', 'default_profile', 'profile_path', 'find_profile', 'warn_no_profile', 'resolve_key_profile',
-           'describe_key_profile', 'CacheSetup', 'cache_setup']
+           'turn_angles', 'turn_columns', 'default_profile', 'profile_path', 'find_profile', 'warn_no_profile',
+           'resolve_key_profile', 'describe_key_profile', 'CacheSetup', 'cache_setup']
 
 # %% ../nbs/14b_keyprofile.ipynb #95eab168
 PROFILE_FORMAT = "hqkv.key_profile"   # the file's format tag
@@ -237,6 +237,15 @@ def with_turned_mean(self:KeyProfile, turn:Tensor, # [n_attn_layers, kv_heads, h
                     ) -> KeyProfile:
     "The same profile coding k - RoPE_p(turn) instead of k - mu (mu set to 0: the turned mean replaces it)."
     return dataclasses.replace(self, mu=torch.zeros_like(self.mu), turn=turn, omega=omega, version=PROFILE_VERSION)
+
+# %% ../nbs/14b_keyprofile.ipynb #caa3deea
+def turn_columns(K:Tensor, # float32 [..., L, H, D]: keys at positions p0 .. p0 + L - 1
+                 omega:Tensor|None, # float64 [D/2]: a turned mean's angles (`KeyProfile.omega`), or None
+                 p0:int=0) -> Tensor: # [..., L, H, 2D]
+    "K with a turned mean's keys' side as D more columns: [k, (cos, sin)(p omega)] . [q', qt] adds the term (None: K)."
+    if omega is None: return K
+    E = turn_angles(omega, p0 + torch.arange(K.shape[-3], device=K.device))[:, None]
+    return torch.cat([K, E.expand(*K.shape[:-1], E.shape[-1])], -1)
 
 # %% ../nbs/14b_keyprofile.ipynb #6e2151ec
 @patch

@@ -60,12 +60,8 @@ class PagedKV:
                 raise ValueError(f"{n} must be a non-negative int, got {x!r}")
         g = pool.geometry
         layers = _pool_layers(g, layers)
-        turned = getattr(key_profile, "turn", None) is not None                  # a turned mean: not every backend reads it
-        backend = get_backend(("gather" if decode_reads else default_backend(pool, turned=turned)) if attn is None else attn)
+        backend = get_backend(("gather" if decode_reads else default_backend(pool)) if attn is None else attn)
         backend.check(pool)
-        if turned and not backend.turned_mean:
-            raise ValueError(f"the {backend.name} attention backend does not read a key profile with a turned mean "
-                             f"({key_profile.tag}); use attn='cpu' or 'gather', or a profile without one")
         if key_profile is not None:
             key_profile.check_geometry(layers, g.kv_heads, g.head_dim); key_profile = key_profile.to(pool.device)
         self.pool, self.codec, self.backend, self.key_profile = pool, pool.codec, backend, key_profile

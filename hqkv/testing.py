@@ -12,7 +12,7 @@ from torch import Tensor
 
 # %% auto #0
 __all__ = ['NEAR_TIE', 'RefTopK', 'ref_topk', 'check_greedy', 'check_sampled', 'reference_greedy', 'check_reference_greedy',
-           'check_top1', 'top2_margin', 'first_difference']
+           'check_top1', 'top2_margin', 'first_difference', 'turned_later']
 
 # %% ../nbs/03_testing.ipynb #db7b32db
 NEAR_TIE = 2 ** -7   # of the reference's largest |logit|: > 3x the widest measured gap between two paths hqkv compares
@@ -146,3 +146,13 @@ def first_difference(a:list, b:list) -> int|None:
     "Index of the first position where token lists differ (a length difference counts); None if equal."
     i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
     return i if i is not None else (None if len(a) == len(b) else min(len(a), len(b)))
+
+# %% ../nbs/03_testing.ipynb #cb61acc4
+def turned_later(qt:Tensor, # float [..., D]: a turned mean's query side (`KeyProfile.turn_query`)
+                 omega:Tensor, # float64 [D/2]: its angles
+                 n:int=1) -> Tensor: # float32, qt's shape
+    "qt' with qt' . (cos, sin)(p omega) = qt . (cos, sin)((p + n) omega): the term of every key read n positions later."
+    a = n * omega.to(qt.device, torch.float64)
+    c, s, h = a.cos(), a.sin(), qt.shape[-1] // 2
+    x, y = qt[..., :h].double(), qt[..., h:].double()
+    return torch.cat([x * c + y * s, y * c - x * s], -1).float()

@@ -111,13 +111,15 @@ class Config:
     group: int = 0   # GQA group (0: the op does not read it)
     window: bool = False
     page: int = ENGINE_PAGE
+    turn: bool = False   # a key profile with a turned mean (the engine only; with the window, as the engine runs it)
     def label(self) -> str:
         s = f"{self.path}/{self.op} {self.fmt} D={self.head_dim}"
         if self.group: s += f" G={self.group}"
         if self.op != "store": s += f" window={'on' if self.window else 'off'}"
-        return s + f" page={self.page}"
+        return s + (" turned" if self.turn else "") + f" page={self.page}"
 
-def configs(quick=False, kernels=None, dims=None, formats=None, groups=None, blocks=None, windows=(False, True), paths=("engine", "vllm"), full=False):
+def configs(quick=False, kernels=None, dims=None, formats=None, groups=None, blocks=None, windows=(False, True), paths=("engine", "vllm"), full=False,
+            turns=(False, True)):
     groups = groups or ((1, 8) if quick else GROUPS)
     blocks = blocks or ((16, 32, 64, 128) if full else VLLM_BLOCKS)
     dims = dims or ((80, 256) if quick else head_dims(full))
@@ -128,13 +130,16 @@ def configs(quick=False, kernels=None, dims=None, formats=None, groups=None, blo
         out.append(Config("engine", "store", fmt, D))
         out += [Config("vllm", "store", fmt, D, page=bs) for bs in blocks if not mixed]
         for G, win in itertools.product(groups, windows):
-            out.append(Config("engine", "decode", fmt, D, G, win))
-            out.append(Config("engine", "prefill", fmt, D, G, win))
-            out += [Config("vllm", "prefill", fmt, D, G, win, page=bs) for bs in blocks if not mixed]
+            for turn in [t for t in turns if win or not t]:   # turned: window on (its code is a superset of off's)
+                out.append(Config("engine", "decode", fmt, D, G, win, turn=turn))
+                out.append(Config("engine", "prefill", fmt, D, G, win, turn=turn))
+            if False in turns: out += [Config("vllm", "prefill", fmt, D, G, win, page=bs) for bs in blocks if not mixed]
     return [c for c in out if (not kernels or c.op in kernels) and c.path in paths]
 
 SPLITS = (2, 64)    # decode's split-K factor: default_splits picks 1..64 by SM count; these cover the merge's SPLITS_PAD extremes and the
                         # divisibility specialisations of SPLITS (a runtime int); the decode kernel itself does not depend on it
+
+def turned(q, D, cfg): return (q, 1e4 ** -torch.arange(0, 1, 2 / D, dtype=torch.float64)) if cfg.turn else None
 
 _CODECS = {}
 def call(cfg:Config):
@@ -167,7 +172,7 @@ def call(cfg:Config):
         q = torch.randn(B, H * G, D)
         last = torch.tensor([cfg.page, cfg.page // 2], dtype=i32)
         for s in SPLITS:
-            decode_mod.decode(q, kp, vp, indptr, indices, last, c, window=win, splits=s)
+            decode_mod.decode(q, kp, vp, indptr, indices, last, c, window=win, splits=s, turn=turned(q, D, cfg))
     else:
         chunk = 40
         T = B * chunk
@@ -175,7 +180,7 @@ def call(cfg:Config):
         qo = torch.tensor([0, chunk, T], dtype=i32)
         prefix = torch.tensor([pages_per_seq * cfg.page, pages_per_seq * cfg.page - 5], dtype=i32)
         if cfg.path == "engine":
-            prefill_mod.prefill(q, k, k, qo, kp, vp, indptr, indices, prefix, c, window=win, max_chunk=chunk)
+            prefill_mod.prefill(q, k, k, qo, kp, vp, indptr, indices, prefix, c, window=win, max_chunk=chunk, turn=turned(q, D, cfg))
         else:
             seq_lens = prefix + chunk
             bt = indices.reshape(B, pages_per_seq).long()
@@ -315,6 +320,7 @@ def main(argv=None):
     ap.add_argument("--blocks", type=int, nargs="*", default=None, help="vLLM block sizes (default 16 128)")
     ap.add_argument("--window", choices=("on", "off"), default=None, help="only this window setting (default both)")
     ap.add_argument("--path", choices=("engine", "vllm"), default=None, help="only the engine's or the vLLM plugin's launches (default both)")
+    ap.add_argument("--turn", choices=("on", "off"), default=None, help="only launches with (on) or without (off) a turned mean (default both)")
     ap.add_argument("--strict", action="store_true", help="fail on spills too")
     ap.add_argument("--json", default=None, help="write every row here (default with no slice: nbs/results/kernel_resources.json)")
     ap.add_argument("--md", default=None, help="write the table here (default with no slice: kernels/resources.md's generated part)")
@@ -336,9 +342,10 @@ def main(argv=None):
         write_md("kernels/resources.md", table_md(out["summary"]), out)
         return 0
     archs = a.arch or [80, 90]
-    sliced = bool(a.kernel or a.head_dim or a.format or a.arch or a.quick or a.groups or a.blocks or a.window or a.path)
+    sliced = bool(a.kernel or a.head_dim or a.format or a.arch or a.quick or a.groups or a.blocks or a.window or a.path or a.turn)
     cfgs = configs(a.quick, a.kernel, a.head_dim, a.format, a.groups, a.blocks,
-                   (a.window == "on",) if a.window else (False, True), (a.path,) if a.path else ("engine", "vllm"), a.full)
+                   (a.window == "on",) if a.window else (False, True), (a.path,) if a.path else ("engine", "vllm"), a.full,
+                   (a.turn == "on",) if a.turn else (False, True))
     t_start = time.perf_counter()
     cache, rows, failed, seen_by = {}, [], [], {}
     for arch in archs:
@@ -354,11 +361,12 @@ def main(argv=None):
                     cache[key] = compile_one(*spec)
                 r = cache[key]
                 ps = problems(r, a.strict)
-                u = seen_by.setdefault(key, dict(paths=set(), fmt=cfg.fmt, head_dims=set(), groups=set(), windows=set(), pages=set(), configurations=0))
+                fmt = cfg.fmt + (" turned" if cfg.turn else "")   # a turned mean's launches: rows of their own
+                u = seen_by.setdefault(key, dict(paths=set(), fmt=fmt, head_dims=set(), groups=set(), windows=set(), pages=set(), configurations=0))
                 u["paths"].add(cfg.path); u["head_dims"].add(cfg.head_dim); u["groups"].add(cfg.group); u["windows"].add(cfg.window)
                 u["pages"].add(cfg.page); u["configurations"] += 1
-                row = dict(config=cfg.label(), path=cfg.path, op=cfg.op, fmt=cfg.fmt, head_dim=cfg.head_dim, group=cfg.group,
-                           window=cfg.window, page=cfg.page, **asdict(r), problems=ps)
+                row = dict(config=cfg.label(), path=cfg.path, op=cfg.op, fmt=fmt, head_dim=cfg.head_dim, group=cfg.group,
+                           window=cfg.window, page=cfg.page, turn=cfg.turn, **asdict(r), problems=ps)
                 rows.append(row)
                 if ps: failed.append(f"{cfg.label()} {r.kernel} sm_{arch}: {'; '.join(ps)}")
                 print(f"{cfg.label():58s} {r.kernel:20s} sm_{arch:<3d} regs {r.registers:3d} spill {r.spill_stores:5d}/{r.spill_loads:<5d} "

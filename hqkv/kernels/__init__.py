@@ -12,10 +12,11 @@ import torch
 from torch import Tensor
 from ..codec import Codec
 from ..attention import ExactWindow, _pair
+from ..keyprofile import turn_angles
 
 # %% auto #0
-__all__ = ['KERNEL_FORMATS', 'KERNEL_HEAD_DIMS', 'TILES', 'FORMAT_TILES', 'kernel_format', 'kernel_formats', 'interpreting',
-           'check_device', 'Tile', 'device_arch', 'tile', 'arch_tile']
+__all__ = ['KERNEL_FORMATS', 'KERNEL_HEAD_DIMS', 'TILES', 'FORMAT_TILES', 'TURN_TILES', 'kernel_format', 'kernel_formats',
+           'interpreting', 'check_device', 'Tile', 'device_arch', 'tile', 'arch_tile']
 
 # %% ../../nbs/30a_kernels.ipynb #7acfe665
 # format name -> FORMAT constexpr (tbq: its bits)
@@ -100,6 +101,26 @@ def _window_args(window, window_slots, B, Hkv, D, dev, dummy):
     return ((window.k_sink, window.v_sink, window.k_recent, window.v_recent, slots),
             (ss[0], ss[1], ss[2], rs[0], rs[1], rs[2]), window.sinks, window.recent, True)
 
+# %% ../../nbs/30a_kernels.ipynb #95ec6545
+_TURN = {}   # (omega's bytes, device) -> (tab, base), base grown by doubling
+
+def _turn_args(turn, q:torch.Tensor, scale:float, n:int, dummy):
+    "A turned mean's (qt times the scale, tab [64, D], base [>= n/64, D]) for the kernels, and TURN (dummies without)."
+    # position 64 k + o: (cos, sin) of its angle from tab's row o and base's row k (`decode._turn`)
+    if turn is None: return (dummy,) * 3, False
+    qt, omega = turn
+    D = q.shape[-1]
+    if not isinstance(qt, torch.Tensor) or qt.shape != q.shape or tuple(omega.shape) != (D // 2,):
+        raise ValueError(f"turn: qt must be float {tuple(q.shape)} (q's shape) and omega [{D // 2}], got "
+                         f"{tuple(getattr(qt, 'shape', ()))} and {tuple(getattr(omega, 'shape', ()))}")
+    w, K = omega.detach().to("cpu", torch.float64).contiguous(), n // 64 + 2
+    key = (w.numpy().tobytes(), q.device)
+    t = _TURN.get(key)
+    if t is None or t[1].shape[0] < K:
+        K = max(K, 2 * (0 if t is None else t[1].shape[0]))
+        t = _TURN[key] = (turn_angles(w, torch.arange(64)).to(q.device), turn_angles(w, 64 * torch.arange(K)).to(q.device))
+    return ((qt.to(q.device, torch.float32) * scale).contiguous(), *t), True
+
 # %% ../../nbs/30a_kernels.ipynb #7a1e5c02
 @dataclass(frozen=True, slots=True)
 class Tile:
@@ -136,6 +157,12 @@ FORMAT_TILES = {
     ("decode", 256, "bf16"): {90: Tile(64, 0, 8, 2)},
 }
 
+# (kernel, head-dim ceiling) -> {arch: Tile} for a key profile with a turned mean, before the rows above: the term's
+# two dots per block spill the prefill's 64 query rows at head_dim 128 (8-32 B); 32 rows spill nothing
+TURN_TILES = {
+    ("prefill", 128): {80: Tile(32, 32, 8, 1), 90: Tile(32, 32, 8, 1)},
+}
+
 def device_arch(device=None) -> int|None:
     "Compute capability of a CUDA device as an int (80, 90, ...); None for anything else (the interpreter's tensors)."
     device = torch.device(device) if device is not None else None
@@ -146,11 +173,12 @@ def device_arch(device=None) -> int|None:
 def tile(kernel:str, # "decode", "prefill" or "store"
          head_dim:int, device=None,
          formats:str|None=None, # "keys/values" (or one name): a `FORMAT_TILES` row for the pair takes precedence
+         turned:bool=False, # a turned mean's term is read: a `TURN_TILES` row takes precedence over both
         ) -> Tile:
     "The `TILES` entry for `kernel` at `head_dim` on `device`'s arch (the interpreter's row off CUDA)."
-    return arch_tile(kernel, head_dim, None if interpreting() else device_arch(device), formats)
+    return arch_tile(kernel, head_dim, None if interpreting() else device_arch(device), formats, turned)
 
-def arch_tile(kernel:str, head_dim:int, arch:int|None, formats:str|None=None) -> Tile:
+def arch_tile(kernel:str, head_dim:int, arch:int|None, formats:str|None=None, turned:bool=False) -> Tile:
     "`tile` for a compute capability (None: the interpreter's row), e.g. for a GPU this machine does not have."
     rows = sorted((d, archs) for (k, d), archs in TILES.items() if k == kernel and d >= head_dim)
     if not rows:
@@ -158,4 +186,5 @@ def arch_tile(kernel:str, head_dim:int, arch:int|None, formats:str|None=None) ->
     archs = rows[0][1]
     if arch is None: return archs[None]
     a = max(a for a in archs if a is not None and a <= max(arch, 80))
-    return FORMAT_TILES.get((kernel, rows[0][0], formats), {}).get(a, archs[a])
+    t = FORMAT_TILES.get((kernel, rows[0][0], formats), {}).get(a, archs[a])
+    return TURN_TILES.get((kernel, rows[0][0]), {}).get(a, t) if turned else t

@@ -15,7 +15,7 @@ from torch import Tensor
 from ..codec import Codec
 from ..attention import ExactWindow, _pair
 from . import (kernel_format, kernel_formats, check_device, interpreting, tile, _check_pages, _page_view,
-                          _check_i32, _window_args)
+                          _check_i32, _window_args, _turn_args)
 
 # %% auto #0
 __all__ = ['decode_kernel', 'decode_merge_kernel', 'DecodeWorkspace', 'default_splits', 'decode']
@@ -162,14 +162,41 @@ def _fold(s, v, m, l, acc, DOT_BF16: tl.constexpr):
     else: acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32))
     return m_new, l, acc
 
+# %% ../../nbs/32_kernels.decode.ipynb #c98e1c25
+@triton.jit
+def _tdot(a, b, DOT_BF16: tl.constexpr):
+    "a . b^T in FP32 on a GPU's TF32 tensor cores (10-bit mantissas, finer than the keys' bf16); the interpreter's is FP32."
+    # tf32x3 or ieee would be exact to FP32, but spill kilobytes at head_dim 256 (`make kernel-check`)
+    if DOT_BF16: return tl.dot(a, tl.trans(b), input_precision="tf32")
+    else: return tl.dot(a, tl.trans(b))
+
+@triton.jit
+def _turn(qt_ptr, qt_rows, qt_ok, tab_ptr, base_ptr, pos, ok, D, D_PAD: tl.constexpr, DOT_BF16: tl.constexpr):
+    "A turned mean's term [rows, BLOCK_N]: the rows' qt . (cos, sin)(pos omega), from table rows pos % 64 and pos // 64."
+    # half a head at a time up to 256, else 64 channel pairs at a time (all 256 at once spill 1.2 KB at head_dim 512)
+    TW: tl.constexpr = D_PAD // 2 if D_PAD <= 256 else 64
+    H = D // 2
+    o = (pos % 64)[:, None] * D                   # (cos, sin) of o omega ...
+    k = (pos // 64)[:, None] * D                  # ... and of 64 k omega: the angle sum, per key
+    t = tl.zeros([qt_rows.shape[0], pos.shape[0]], tl.float32)
+    for c in tl.static_range(0, D_PAD // 2, TW):
+        j = c + tl.arange(0, TW)
+        m, qm = ok[:, None] & (j < H)[None, :], qt_ok[:, None] & (j < H)[None, :]
+        co, so = tl.load(tab_ptr + o + j[None, :], mask=m, other=0.0), tl.load(tab_ptr + o + H + j[None, :], mask=m, other=0.0)
+        cb, sb = tl.load(base_ptr + k + j[None, :], mask=m, other=0.0), tl.load(base_ptr + k + H + j[None, :], mask=m, other=0.0)
+        qa = tl.load(qt_ptr + qt_rows[:, None] + j[None, :], mask=qm, other=0.0)
+        qb = tl.load(qt_ptr + qt_rows[:, None] + H + j[None, :], mask=qm, other=0.0)
+        t += _tdot(qa, co * cb - so * sb, DOT_BF16) + _tdot(qb, so * cb + co * sb, DOT_BF16)
+    return t
+
 # %% ../../nbs/32_kernels.decode.ipynb #128472b6
 @triton.jit
 def _code_blocks(q_hi, q_lo, m, l, acc, j0, j1, p0, h, indices_ptr, k_ptr, v_ptr, kt_ptr, vt_ptr,
                  stride_kp, stride_kn, stride_kh, stride_vp, stride_vn, stride_vh, PAGE, L, s_held, rec_start,
-                 offs_n, offs_d, D,
+                 offs_n, offs_d, D, qt_ptr, qt_rows, qt_ok, tab_ptr, base_ptr,
                  K_FORMAT: tl.constexpr, V_FORMAT: tl.constexpr, K_NS: tl.constexpr, V_NS: tl.constexpr,
                  K_BLK: tl.constexpr, V_BLK: tl.constexpr,
-                 D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr):
+                 D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr, TURN: tl.constexpr):
     "Blocks j0..j1 of BLOCK_N code rows (a page is PAGE // BLOCK_N blocks), positions the window holds masked out."
     for j in range(j0, j1):
         pos0 = j * BLOCK_N
@@ -180,6 +207,7 @@ def _code_blocks(q_hi, q_lo, m, l, acc, j0, j1, p0, h, indices_ptr, k_ptr, v_ptr
         k = _load_rows(k_ptr + page * stride_kp + h * stride_kh, rows, in_seq, offs_d, stride_kn, kt_ptr, D,
                        K_FORMAT, D_PAD, K_NS, BLOCK_N, K_BLK)
         s = _scores(q_hi, q_lo, k, (in_seq & (pos >= s_held) & (pos < rec_start))[None, :], DOT_BF16)   # keys dead ...
+        if TURN: s += _turn(qt_ptr, qt_rows, qt_ok, tab_ptr, base_ptr, pos, in_seq, D, D_PAD, DOT_BF16)
         v = _load_rows(v_ptr + page * stride_vp + h * stride_vh, rows, in_seq, offs_d, stride_vn, vt_ptr, D,
                        V_FORMAT, D_PAD, V_NS, BLOCK_N, V_BLK)
         m, l, acc = _fold(s, v, m, l, acc, DOT_BF16)                               # ... before the values are decoded
@@ -191,7 +219,8 @@ def _window_blocks(q_hi, q_lo, m, l, acc, j0, j1, n_code, slot, h,
                    ks_ptr, vs_ptr, kr_ptr, vr_ptr,
                    stride_ss, stride_sn, stride_sh, stride_rs, stride_rn, stride_rh,
                    SINKS, RECENT, s_held, rec_start, n_rec,
-                   offs_n, offs_d, D, DOT_BF16: tl.constexpr, BLOCK_N: tl.constexpr):
+                   offs_n, offs_d, D, qt_ptr, qt_rows, qt_ok, tab_ptr, base_ptr,
+                   D_PAD: tl.constexpr, DOT_BF16: tl.constexpr, BLOCK_N: tl.constexpr, TURN: tl.constexpr):
     "Blocks j0..j1 of the window part (numbered after the n_code code blocks): sinks first, then the ring."
     n_sink = tl.cdiv(SINKS, BLOCK_N)
     for j in range(tl.maximum(j0, n_code), tl.minimum(j1, n_code + n_sink)):
@@ -200,7 +229,9 @@ def _window_blocks(q_hi, q_lo, m, l, acc, j0, j1, n_code, slot, h,
         base = slot * stride_ss + h * stride_sh + rows[:, None] * stride_sn + offs_d[None, :]
         k = tl.load(ks_ptr + base, mask=ok[:, None] & (offs_d < D)[None, :], other=0.0)
         v = tl.load(vs_ptr + base, mask=ok[:, None] & (offs_d < D)[None, :], other=0.0)
-        m, l, acc = _attend(q_hi, q_lo, k, v, ok[None, :], m, l, acc, DOT_BF16)
+        s = _scores(q_hi, q_lo, k, ok[None, :], DOT_BF16)
+        if TURN: s += _turn(qt_ptr, qt_rows, qt_ok, tab_ptr, base_ptr, rows, ok, D, D_PAD, DOT_BF16)
+        m, l, acc = _fold(s, v, m, l, acc, DOT_BF16)
     for j in range(tl.maximum(j0, n_code + n_sink), j1):
         rows = (j - n_code - n_sink) * BLOCK_N + offs_n
         # ring row r holds position p (p % RECENT == r) for the n_rec latest positions from rec_start on
@@ -208,14 +239,17 @@ def _window_blocks(q_hi, q_lo, m, l, acc, j0, j1, n_code, slot, h,
         base = slot * stride_rs + h * stride_rh + rows[:, None] * stride_rn + offs_d[None, :]
         k = tl.load(kr_ptr + base, mask=ok[:, None] & (offs_d < D)[None, :], other=0.0)
         v = tl.load(vr_ptr + base, mask=ok[:, None] & (offs_d < D)[None, :], other=0.0)
-        m, l, acc = _attend(q_hi, q_lo, k, v, ok[None, :], m, l, acc, DOT_BF16)
+        s = _scores(q_hi, q_lo, k, ok[None, :], DOT_BF16)
+        if TURN: s += _turn(qt_ptr, qt_rows, qt_ok, tab_ptr, base_ptr, rec_start + (rows + RECENT - rec_start % RECENT) % RECENT,
+                            ok, D, D_PAD, DOT_BF16)
+        m, l, acc = _fold(s, v, m, l, acc, DOT_BF16)
     return m, l, acc
 
 # %% ../../nbs/32_kernels.decode.ipynb #c1c944de
 @triton.jit(do_not_specialize=["SINKS", "RECENT", "SPLITS", "G", "PAGE"])
 def decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr,
                   ks_ptr, vs_ptr, kr_ptr, vr_ptr, wslot_ptr, kt_ptr, vt_ptr,
-                  po_ptr, pl_ptr,
+                  po_ptr, pl_ptr, qt_ptr, tab_ptr, base_ptr,
                   stride_qb, stride_qh,
                   stride_kp, stride_kn, stride_kh, stride_vp, stride_vn, stride_vh,
                   stride_ss, stride_sn, stride_sh,
@@ -225,13 +259,15 @@ def decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr,
                   SINKS, RECENT, SPLITS, G, PAGE, D,
                   G_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                   K_FORMAT: tl.constexpr, V_FORMAT: tl.constexpr, K_NS: tl.constexpr, V_NS: tl.constexpr,
-                  K_BLK: tl.constexpr, V_BLK: tl.constexpr, WINDOW: tl.constexpr, DOT_BF16: tl.constexpr):
+                  K_BLK: tl.constexpr, V_BLK: tl.constexpr, WINDOW: tl.constexpr, DOT_BF16: tl.constexpr,
+                  TURN: tl.constexpr):
     "One (sequence, KV head, split): online softmax over its share of code blocks and window blocks."
     b, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_g, offs_d, offs_n = tl.arange(0, G_PAD), tl.arange(0, D_PAD), tl.arange(0, BLOCK_N)
     g_ok = offs_g < G
     gd_ok = g_ok[:, None] & (offs_d < D)[None, :]
-    q = tl.load(q_ptr + b * stride_qb + (h * G + offs_g)[:, None] * stride_qh + offs_d[None, :], mask=gd_ok, other=0.0)
+    q_rows = b * stride_qb + (h * G + offs_g) * stride_qh            # a turned mean's qt: q's layout
+    q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=gd_ok, other=0.0)
     q_hi, q_lo = _split_query(q, DOT_BF16)
     p0 = tl.load(indptr_ptr + b)
     n_pages = tl.load(indptr_ptr + b + 1) - p0
@@ -252,14 +288,14 @@ def decode_kernel(q_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, last_ptr,
     acc = tl.zeros([G_PAD, D_PAD], tl.float32)
     m, l, acc = _code_blocks(q_hi, q_lo, m, l, acc, j0, tl.minimum(j1, n_code), p0, h, indices_ptr, k_ptr, v_ptr,
                              kt_ptr, vt_ptr, stride_kp, stride_kn, stride_kh, stride_vp, stride_vn, stride_vh,
-                             PAGE, L, s_held, rec_start, offs_n, offs_d, D,
-                             K_FORMAT, V_FORMAT, K_NS, V_NS, K_BLK, V_BLK, D_PAD, BLOCK_N, DOT_BF16)
+                             PAGE, L, s_held, rec_start, offs_n, offs_d, D, qt_ptr, q_rows, g_ok, tab_ptr, base_ptr,
+                             K_FORMAT, V_FORMAT, K_NS, V_NS, K_BLK, V_BLK, D_PAD, BLOCK_N, DOT_BF16, TURN)
     if WINDOW:
         slot = tl.load(wslot_ptr + b).to(tl.int64)
         m, l, acc = _window_blocks(q_hi, q_lo, m, l, acc, j0, j1, n_code, slot, h, ks_ptr, vs_ptr, kr_ptr, vr_ptr,
                                    stride_ss, stride_sn, stride_sh, stride_rs, stride_rn, stride_rh,
-                                   SINKS, RECENT, s_held, rec_start, L - rec_start, offs_n, offs_d, D, DOT_BF16,
-                                   BLOCK_N)
+                                   SINKS, RECENT, s_held, rec_start, L - rec_start, offs_n, offs_d, D,
+                                   qt_ptr, q_rows, g_ok, tab_ptr, base_ptr, D_PAD, DOT_BF16, BLOCK_N, TURN)
     empty = l == 0.0                                   # the share's acc / l and lse = m + log l (empty: 0, -inf)
     o = acc / tl.where(empty, 1.0, l)[:, None]
     lse = tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, l)))
@@ -382,6 +418,7 @@ def decode(q:Tensor, # float [B, Hq, D], original domain; Hq a multiple of kv_he
            return_lse:bool=False,
            # K/V rows per step (default: `hqkv.kernels.tile`'s for this head size and GPU; divides the page size)
            block_n:int|None=None,
+           turn:tuple|None=None, # a turned mean's term: (qt [B, Hq, D], omega [D/2]), as `paged_decode`'s
           ) -> Tensor|tuple[Tensor, Tensor]: # o [B, Hq, D] in q's dtype (and lse float32 [B, Hq])
     "Paged decode attention over coded pages in Triton (same contract as `hqkv.attention.paged_decode`)."
     kernel_formats(codec)                    # a format the kernels do not read: ValueError naming those they do
@@ -410,17 +447,18 @@ def decode(q:Tensor, # float [B, Hq, D], original domain; Hq a multiple of kv_he
     qr = (kc.rotate(q.float()) * scale).contiguous()              # rotate the query once, into the keys' domain
     kp, vp, kt, vt, meta = _kv_args(codec, k_pages, v_pages, qr)
     wt, wst, S, R, has_w = _window_args(window, window_slots, B, Hkv, D, dev, qr)
+    tt, has_t = _turn_args(turn, qr, scale, indices.numel() * PAGE, qr)   # positions < the pages' rows
     o_rot = torch.empty(B, Hq, D, device=dev); lse = torch.empty(B, Hq, device=dev)
     po, pl = ws.o, ws.lse
     t = tile("decode", D, dev, kc.name if kc.name == vc.name else f"{kc.name}/{vc.name}")   # `FORMAT_TILES`
     block_n = _block_n(t.block_n if block_n is None else block_n, PAGE)
     decode_kernel[(B, Hkv, splits)](
-        qr, kp, vp, indptr, indices, last_page_len, *wt, kt, vt, po, pl,
+        qr, kp, vp, indptr, indices, last_page_len, *wt, kt, vt, po, pl, *tt,
         qr.stride(0), qr.stride(1), *kp.stride()[:3], *vp.stride()[:3], *wst,
         po.stride(0), po.stride(1), po.stride(2), po.stride(3), pl.stride(0), pl.stride(1), pl.stride(2),
         S, R, splits, G, PAGE, D, G_PAD=max(16, triton.next_power_of_2(G)), D_PAD=triton.next_power_of_2(D),
         BLOCK_N=block_n, **meta,
-        WINDOW=has_w, DOT_BF16=not interpreting(), num_warps=t.num_warps, num_stages=t.num_stages)
+        WINDOW=has_w, DOT_BF16=not interpreting(), TURN=has_t, num_warps=t.num_warps, num_stages=t.num_stages)
     decode_merge_kernel[(B, Hq)](
         po, pl, o_rot, lse, po.stride(0), po.stride(1), po.stride(2), po.stride(3),
         pl.stride(0), pl.stride(1), pl.stride(2), o_rot.stride(0), o_rot.stride(1), lse.stride(0),

@@ -14,9 +14,9 @@ from torch import Tensor
 from ..codec import Codec
 from ..attention import ExactWindow, _pair
 from . import (kernel_formats, check_device, interpreting, tile, _check_pages, _page_view, _check_i32,
-                          _window_args)
+                          _window_args, _turn_args)
 from .decode import (_load_rows, _split_query, _attend, _scores, _fold, _code_blocks, _window_blocks,
-                                 _block_n, _kv_args)
+                                 _block_n, _kv_args, _turn)
 
 # %% auto #0
 __all__ = ['prefill_kernel', 'prefill']
@@ -24,7 +24,8 @@ __all__ = ['prefill_kernel', 'prefill']
 # %% ../../nbs/33_kernels.prefill.ipynb #9a8989a4
 @triton.jit
 def _chunk_blocks(q_hi, q_lo, m, l, acc, kn_ptr, vn_ptr, q0, C, qi, last_q, h, stride_nt, stride_nh,
-                  offs_n, offs_d, d_ok, DOT_BF16: tl.constexpr, BLOCK_N: tl.constexpr):
+                  offs_n, offs_d, d_ok, P, D, qt_ptr, qt_rows, qt_ok, tab_ptr, base_ptr,
+                  D_PAD: tl.constexpr, DOT_BF16: tl.constexpr, BLOCK_N: tl.constexpr, TURN: tl.constexpr):
     "The chunk's own exact K/V up to query `last_q`, BLOCK_N rows at a time; causal (key <= query row `qi`)."
     for j in range(0, last_q + 1, BLOCK_N):
         kpos = j + offs_n
@@ -32,6 +33,7 @@ def _chunk_blocks(q_hi, q_lo, m, l, acc, kn_ptr, vn_ptr, q0, C, qi, last_q, h, s
         ptrs = (q0 + kpos)[:, None].to(tl.int64) * stride_nt + h * stride_nh + offs_d[None, :]
         k = tl.load(kn_ptr + ptrs, mask=k_ok[:, None] & d_ok[None, :], other=0.0)
         s = _scores(q_hi, q_lo, k, k_ok[None, :] & (kpos[None, :] <= qi[:, None]), DOT_BF16)
+        if TURN: s += _turn(qt_ptr, qt_rows, qt_ok, tab_ptr, base_ptr, P + kpos, k_ok, D, D_PAD, DOT_BF16)
         v = tl.load(vn_ptr + ptrs, mask=k_ok[:, None] & d_ok[None, :], other=0.0)   # after the scores
         m, l, acc = _fold(s, v, m, l, acc, DOT_BF16)
     return m, l, acc
@@ -39,7 +41,7 @@ def _chunk_blocks(q_hi, q_lo, m, l, acc, kn_ptr, vn_ptr, q0, C, qi, last_q, h, s
 # %% ../../nbs/33_kernels.prefill.ipynb #cc2985be
 @triton.jit(do_not_specialize=["SINKS", "RECENT", "G", "PAGE"])
 def prefill_kernel(q_ptr, kn_ptr, vn_ptr, qo_ptr, k_ptr, v_ptr, indptr_ptr, indices_ptr, prefix_ptr,
-                   ks_ptr, vs_ptr, kr_ptr, vr_ptr, wslot_ptr, kt_ptr, vt_ptr, o_ptr, lse_ptr,
+                   ks_ptr, vs_ptr, kr_ptr, vr_ptr, wslot_ptr, kt_ptr, vt_ptr, o_ptr, lse_ptr, qt_ptr, tab_ptr, base_ptr,
                    stride_qt, stride_qh, stride_nt, stride_nh,
                    stride_kp, stride_kn, stride_kh, stride_vp, stride_vn, stride_vh,
                    stride_ss, stride_sn, stride_sh,
@@ -48,7 +50,8 @@ def prefill_kernel(q_ptr, kn_ptr, vn_ptr, qo_ptr, k_ptr, v_ptr, indptr_ptr, indi
                    SINKS, RECENT, G, PAGE, D,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr,
                    K_FORMAT: tl.constexpr, V_FORMAT: tl.constexpr, K_NS: tl.constexpr, V_NS: tl.constexpr,
-                   K_BLK: tl.constexpr, V_BLK: tl.constexpr, WINDOW: tl.constexpr, DOT_BF16: tl.constexpr):
+                   K_BLK: tl.constexpr, V_BLK: tl.constexpr, WINDOW: tl.constexpr, DOT_BF16: tl.constexpr,
+                   TURN: tl.constexpr):
     "One (sequence, KV head, tile of packed query rows): prefix code blocks + window + causal chunk."
     b, h, mt = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     q0 = tl.load(qo_ptr + b)
@@ -59,8 +62,8 @@ def prefill_kernel(q_ptr, kn_ptr, vn_ptr, qo_ptr, k_ptr, v_ptr, indptr_ptr, indi
         d_ok = offs_d < D
         qi = offs_m // G
         qh = h * G + offs_m % G
-        q = tl.load(q_ptr + (q0 + qi)[:, None].to(tl.int64) * stride_qt + qh[:, None] * stride_qh + offs_d[None, :],
-                    mask=r_ok[:, None] & d_ok[None, :], other=0.0)
+        q_rows = (q0 + qi).to(tl.int64) * stride_qt + qh * stride_qh   # a turned mean's qt: q's layout
+        q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=r_ok[:, None] & d_ok[None, :], other=0.0)
         q_hi, q_lo = _split_query(q, DOT_BF16)
         m = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l = tl.zeros([BLOCK_M], tl.float32)
@@ -76,9 +79,9 @@ def prefill_kernel(q_ptr, kn_ptr, vn_ptr, qo_ptr, k_ptr, v_ptr, indptr_ptr, indi
         n_code = tl.cdiv(tl.minimum(rec_start, P), BLOCK_N)  # P < SINKS: no code page is read (the table may hold none)
         m, l, acc = _code_blocks(q_hi, q_lo, m, l, acc, 0, n_code, p0, h, indices_ptr, k_ptr, v_ptr, kt_ptr, vt_ptr,
                                  stride_kp, stride_kn, stride_kh, stride_vp, stride_vn, stride_vh,
-                                 PAGE, P, s_held, rec_start,
-                                 offs_n, offs_d, D, K_FORMAT, V_FORMAT, K_NS, V_NS, K_BLK, V_BLK, D_PAD,
-                                 BLOCK_N, DOT_BF16)
+                                 PAGE, P, s_held, rec_start, offs_n, offs_d, D,
+                                 qt_ptr, q_rows, r_ok, tab_ptr, base_ptr, K_FORMAT, V_FORMAT, K_NS, V_NS, K_BLK, V_BLK,
+                                 D_PAD, BLOCK_N, DOT_BF16, TURN)
         # 2. the window's exact rows of the prefix
         if WINDOW:
             slot = tl.load(wslot_ptr + b).to(tl.int64)
@@ -86,12 +89,13 @@ def prefill_kernel(q_ptr, kn_ptr, vn_ptr, qo_ptr, k_ptr, v_ptr, indptr_ptr, indi
             m, l, acc = _window_blocks(q_hi, q_lo, m, l, acc, n_code, n_code + n_win, n_code, slot, h,
                                        ks_ptr, vs_ptr, kr_ptr, vr_ptr,
                                        stride_ss, stride_sn, stride_sh, stride_rs, stride_rn, stride_rh,
-                                       SINKS, RECENT, s_held, rec_start, P - rec_start, offs_n, offs_d, D, DOT_BF16,
-                                       BLOCK_N)
+                                       SINKS, RECENT, s_held, rec_start, P - rec_start, offs_n, offs_d, D,
+                                       qt_ptr, q_rows, r_ok, tab_ptr, base_ptr, D_PAD, DOT_BF16, BLOCK_N, TURN)
         # 3. the chunk's own exact K/V, causal
         last_q = (tl.minimum(C * G, (mt + 1) * BLOCK_M) - 1) // G
         m, l, acc = _chunk_blocks(q_hi, q_lo, m, l, acc, kn_ptr, vn_ptr, q0, C, qi, last_q, h, stride_nt, stride_nh,
-                                  offs_n, offs_d, d_ok, DOT_BF16, BLOCK_N)
+                                  offs_n, offs_d, d_ok, P, D, qt_ptr, q_rows, r_ok, tab_ptr, base_ptr, D_PAD, DOT_BF16,
+                                  BLOCK_N, TURN)
         o = acc / l[:, None]          # every row sees at least its own key
         tl.store(o_ptr + (q0 + qi)[:, None].to(tl.int64) * stride_ot + qh[:, None] * stride_oh + offs_d[None, :], o,
                  mask=r_ok[:, None] & d_ok[None, :])
@@ -112,6 +116,7 @@ def prefill(q:Tensor, # float [T, Hq, D]: the chunks' queries (original domain)
             # tile sizes: packed query rows, K/V rows per step (default: `hqkv.kernels.tile`'s)
             block_m:int|None=None, block_n:int|None=None,
             return_lse:bool=False,
+            turn:tuple|None=None, # a turned mean's term: (qt [T, Hq, D], omega [D/2]), as `paged_prefill`'s
            ) -> Tensor|tuple[Tensor, Tensor]: # o [T, Hq, D] in q's dtype (and lse float32 [T, Hq])
     "Chunked-prefill attention over coded prefix pages + the chunk's exact K/V, causal, in Triton."
     kernel_formats(codec)                    # a format the kernels do not read: ValueError naming those they do
@@ -133,7 +138,7 @@ def prefill(q:Tensor, # float [T, Hq, D]: the chunks' queries (original domain)
     dev = check_device(q, k_new, v_new, qo_indptr, k_pages, v_pages, indptr, indices, prefix_lens)
     if T == 0: return (q.new_empty(0, Hq, D), torch.empty(0, Hq, device=dev)) if return_lse else q.new_empty(0, Hq, D)
     if max_chunk is None: max_chunk = int((qo_indptr[1:] - qo_indptr[:-1]).max())
-    t = tile("prefill", D, dev, kc.name if kc.name == vc.name else f"{kc.name}/{vc.name}")   # `FORMAT_TILES`
+    t = tile("prefill", D, dev, kc.name if kc.name == vc.name else f"{kc.name}/{vc.name}", turn is not None)   # `FORMAT_TILES`
     block_m = t.block_m if block_m is None else block_m
     block_n = _block_n(t.block_n if block_n is None else block_n, PAGE)
     scale = 1 / math.sqrt(D) if scale is None else float(scale)
@@ -141,14 +146,15 @@ def prefill(q:Tensor, # float [T, Hq, D]: the chunks' queries (original domain)
     kr, vr = kc.rotate(k_new.float()).contiguous(), vc.rotate(v_new.float()).contiguous()   # ... outputs in the values'
     kp, vp, kt, vt, meta = _kv_args(codec, k_pages, v_pages, qr, "prefill")
     wt, wst, S, R, has_w = _window_args(window, window_slots, B, Hkv, D, dev, qr)
+    tt, has_t = _turn_args(turn, qr, scale, indices.numel() * PAGE + max_chunk, qr)   # positions < prefix + chunk
     o_rot = torch.empty(T, Hq, D, device=dev); lse = torch.empty(T, Hq, device=dev)
     grid = (B, Hkv, max(1, triton.cdiv(max_chunk * G, block_m)))
     prefill_kernel[grid](
-        qr, kr, vr, qo_indptr, kp, vp, indptr, indices, prefix_lens, *wt, kt, vt, o_rot, lse,
+        qr, kr, vr, qo_indptr, kp, vp, indptr, indices, prefix_lens, *wt, kt, vt, o_rot, lse, *tt,
         qr.stride(0), qr.stride(1), kr.stride(0), kr.stride(1), *kp.stride()[:3], *vp.stride()[:3], *wst,
         o_rot.stride(0), o_rot.stride(1), lse.stride(0),
         S, R, G, PAGE, D, BLOCK_M=block_m, BLOCK_N=block_n, D_PAD=triton.next_power_of_2(D), **meta, WINDOW=has_w,
-        DOT_BF16=not interpreting(),
+        DOT_BF16=not interpreting(), TURN=has_t,
         num_warps=t.num_warps, num_stages=t.num_stages)
     o = vc.unrotate(o_rot).to(q.dtype)
     return (o, lse) if return_lse else o
