@@ -14,6 +14,7 @@ stack. Shared memory is Triton's (`metadata.shared`, what a launch asks for).
     python kernels/compile_check.py --quick         # head dims 80 and 256, GQA groups 1 and 8 (a few minutes)
     python kernels/compile_check.py --full          # every head dim 64-512, vLLM block sizes 16-128 (the same binaries, more launches)
     python kernels/compile_check.py --arch 90 --kernel prefill --head-dim 256   # one slice, printed
+    python kernels/compile_check.py --format bf16 --turn on   # only the engine's launches with a turned mean (hqkv.keyprofile)
     python kernels/compile_check.py --format tbq4 --json /tmp/tbq4.json && python kernels/compile_check.py --merge /tmp/tbq4.json
                                                     # a slice's rows replace theirs in the saved JSON and the table
     python kernels/compile_check.py --path vllm --format tbq4 --json /tmp/v.json && python kernels/compile_check.py --merge /tmp/v.json --add

@@ -450,7 +450,7 @@ def decode(q:Tensor, # float [B, Hq, D], original domain; Hq a multiple of kv_he
     tt, has_t = _turn_args(turn, qr, scale, indices.numel() * PAGE, qr)   # positions < the pages' rows
     o_rot = torch.empty(B, Hq, D, device=dev); lse = torch.empty(B, Hq, device=dev)
     po, pl = ws.o, ws.lse
-    t = tile("decode", D, dev, kc.name if kc.name == vc.name else f"{kc.name}/{vc.name}")   # `FORMAT_TILES`
+    t = tile("decode", D, dev, kc.name if kc.name == vc.name else f"{kc.name}/{vc.name}", turn is not None)   # `FORMAT_TILES`
     block_n = _block_n(t.block_n if block_n is None else block_n, PAGE)
     decode_kernel[(B, Hkv, splits)](
         qr, kp, vp, indptr, indices, last_page_len, *wt, kt, vt, po, pl, *tt,
