@@ -70,9 +70,9 @@ def _attention_as(model, name:str, fn):
     try: yield
     finally: model.set_attn_implementation(before)
 
-def _key_rms(p:KeyProfile, slot:int, x:Tensor) -> Tensor: # [kv_heads]
-    "RMS per KV head of profile `p`'s transformed keys (layer `slot`) of keys x [T, kv_heads, D]: how far out they reach."
-    return p.apply_keys(slot, x).pow(2).mean((0, 2)).sqrt()
+def _key_rms(p:KeyProfile, slot:int, x:Tensor, pos:Tensor|None=None) -> Tensor: # [kv_heads]
+    "RMS per KV head of profile `p`'s transformed keys (layer `slot`) of keys x [T, kv_heads, D] (at `pos`: a turned mean)."
+    return p.apply_keys(slot, x, pos if p.turn is not None else None).pow(2).mean((0, 2)).sqrt()
 
 def _far_pieces(ids:Tensor, skip:int, reach:int, starts:int, n:int) -> list: # [(first position, ids)]
     "`starts` pieces of `n` tokens of the text (its `skip` leading ids first), at positions spread from its end to `reach`."
@@ -320,14 +320,21 @@ def _layer_profile(profile, l:int) -> tuple: # row_codes' (mu, sigma, rot) of mo
     i = list(profile.layers).index(l)
     return profile.mu[i].float(), profile.sigma[i].float(), None if profile.rot is None else profile.rot[i].float()
 
+def _profile_codes(k:Tensor, v:Tensor|None, fmts, profile, l:int) -> dict:
+    "`row_codes` of layer l's keys 0..N-1 through `profile`; with a turned mean, the keys with it out, added back after."
+    if profile is None: return row_codes(k, v, fmts)
+    t = None if profile.turn is None else profile.turned(list(profile.layers).index(l), torch.arange(k.shape[1])).transpose(0, 1)
+    codes = row_codes(k if t is None else k - t, v, fmts, *_layer_profile(profile, l))
+    return codes if t is None else {(kv, f): x + t if kv == "k" else x for (kv, f), x in codes.items()}
+
 def _window_proxy(acc:dict, qkv:dict, grads:dict, fmts, n:int, chunk:int, sinks:int, recent:int, profile, w:float,
                   per_head:bool=False, # also the same sum per KV head ('k5.1'), over its query heads only
                   rotated=None): # a rotated profile: the keys through it too, as format f + TURNED
     "Add one window's proxy (weight w) of every (row, format) to acc: 0.5 / n x mean over draws of sum_t (g_t . e_t)^2."
     for l, (q, k, v, scale) in qkv.items():
-        codes = row_codes(k, v, fmts, *(() if profile is None else _layer_profile(profile, l)))
+        codes = _profile_codes(k, v, fmts, profile, l)
         if rotated is not None:
-            codes |= {("k", f + TURNED): x for (_, f), x in row_codes(k, None, fmts, *_layer_profile(rotated, l)).items()}
+            codes |= {("k", f + TURNED): x for (_, f), x in _profile_codes(k, None, fmts, rotated, l).items()}
         N = k.shape[1]; step = max(16, _BLOCK_FLOATS // (q.shape[0] * N))
         for a in range(N - n, N, step):                               # the scored queries, [heads, step, N] at a time
             qpos = torch.arange(a, min(N, a + step))
@@ -440,7 +447,8 @@ def key_reach(model, # a transformers causal LM
         for s in [0] + [round(n + j * (reach - 2 * n) / max(1, starts - 1)) for j in range(starts)]:
             model(input_ids=ids[None].to(dev), position_ids=torch.arange(s, s + n, device=dev)[None], use_cache=False,
                   logits_to_keep=1)
-            rms.append(torch.stack([torch.stack([_key_rms(p, i, keys[l]) for l, i in slot.items()])
+            pos = torch.arange(s + skip, s + n)                                        # (a turned mean's positions)
+            rms.append(torch.stack([torch.stack([_key_rms(p, i, keys[l], pos) for l, i in slot.items()])
                                     for p in profs]))                                  # [profiles, layers, kv_heads]
     return (torch.stack(rms[1:]) / rms[0].clamp_min(1e-30)).amax((0, 1))
 
@@ -528,9 +536,6 @@ def calibrate_plan(model, windows:list, budget, # bits per value, or bytes per t
                    pin:str="q8_0",
                   ) -> BitPlan:
     "Measure every row's sensitivity on `windows` and choose the formats of least predicted KLD within `budget`."
-    if getattr(profile, "turn", None) is not None:
-        raise ValueError(f"the plan measures key rows without a turned mean, and profile {profile.tag} has one: make the "
-                         "plan on the profile first, then add it (hqkv calibrate --turned-mean does both, in that order)")
     D, layers, how = model.geometry.head_dim, model.cfg.global_layers, _method(method)
     kvh = model.geometry.kv_heads
     b = parse_bit_budget(budget, 2 * len(layers) * kvh * D)

@@ -237,7 +237,7 @@ def _calibrate_setup(p:argparse.ArgumentParser):
     p.add_argument("--turned-mean", action="store_true",
                    help="also take the keys' mean before RoPE out of them, turned to each key's position, and add it back "
                         "when they are read (hqkv.calibrate.turned_mean; read by every attention backend of the engine; a "
-                        "plan is measured before it is added)")
+                        "plan is measured with it out)")
     p.add_argument("--chunk", type=int, default=1024, help="tokens per forward of the capture run (default: 1024)")
     p.add_argument("--reach", type=int, default=None,
                    help="the context the profile must hold: 8 pieces of the text are read again at positions out to it "
@@ -331,13 +331,13 @@ def _calibrate_plan(args, model, prof, text:str, tf:Path, cfg, rotated=None):
     return prof.with_plan(bp) if rotated is None else mixed_profile(prof, rotated, bp)
 
 # %% ../nbs/42a_commands.ipynb #d3bc7463
-def _with_turned_mean(args, model, prof, text:str, tf:Path):
-    "The profile with the keys' mean before RoPE taken out at each position (`hqkv.calibrate.turned_mean`), same tokens."
+def _turned_mean(args, model, text:str, tf:Path) -> tuple:
+    "The keys' mean before RoPE and RoPE's angles on the same tokens (`hqkv.calibrate.turned_mean`): `with_turned_mean`'s."
     from hqkv.calibrate import turned_mean
     bos = model.tokenizer.bos_id
     ids = _first_tokens(([] if bos is None else [bos]) + model.tokenizer.encode(text, add_bos=False), args.tokens,
                         model.cfg.max_position, str(tf))
-    return prof.with_turned_mean(*turned_mean(model.model, ids, chunk=args.chunk))
+    return turned_mean(model.model, ids, chunk=args.chunk)
 
 # %% ../nbs/42a_commands.ipynb #505e6140
 def _check_out(out:Path, force:bool):
@@ -407,12 +407,14 @@ def _calibrate_run(args) -> int:
     if args.out: _check_out(Path(args.out), args.force)  # before the model loads: a bad --out fails at once
     cfg = config_from_args(args)
     model, prof, flat = _calibrate_profile(args, cfg.model, text, tf)   # --rotate --budget: the rotated, the per-channel
+    if args.turned_mean:                              # before the plan, which then measures the key rows with it out
+        tm = _turned_mean(args, model, text, tf)
+        prof, flat = prof.with_turned_mean(*tm), (None if flat is None else flat.with_turned_mean(*tm))
     choice = None
     if flat is not None:                              # one plan that picks, per key row, the profile it reads
         prof = _calibrate_plan(args, model, flat, text, tf, cfg, rotated=prof)
         choice = dict(rotated_rows=prof.plan_for(args.plan_format).calibration["rotated_rows"])
     elif args.budget is not None: prof = _calibrate_plan(args, model, prof, text, tf, cfg)
-    if args.turned_mean: prof = _with_turned_mean(args, model, prof, text, tf)
     out = Path(args.out) if args.out else profile_path(prof.model)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
