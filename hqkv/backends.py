@@ -67,7 +67,7 @@ class AttnBackend(Protocol):
     def store(self, kv, li:int, k:Tensor, v:Tensor, slots:Tensor): ...  # code rows into pool layer li
     def store_rows(self, kv, li:int, kr:Tensor, vr:Tensor, slots:Tensor): ...  # write rows already coded (deferred ones)
     def attend(self, kv, step:StepPlan, li:int, q:Tensor, k:Tensor, v:Tensor, scale:float,
-               softcap:float|None, turn:tuple|None=None) -> Tensor: ...   # turn: a turned mean's (qt, omega), `hqkv.keyprofile`
+               softcap:float|None, turn:tuple|None=None) -> Tensor: ...   # turn: a turned mean's (qt, omega)
 
 def encode_store(kv, # a `PagedKV`
                  li:int, k:Tensor, v:Tensor, slots:Tensor):

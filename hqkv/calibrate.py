@@ -323,7 +323,8 @@ def _layer_profile(profile, l:int) -> tuple: # row_codes' (mu, sigma, rot) of mo
 def _profile_codes(k:Tensor, v:Tensor|None, fmts, profile, l:int) -> dict:
     "`row_codes` of layer l's keys 0..N-1 through `profile`; with a turned mean, the keys with it out, added back after."
     if profile is None: return row_codes(k, v, fmts)
-    t = None if profile.turn is None else profile.turned(list(profile.layers).index(l), torch.arange(k.shape[1])).transpose(0, 1)
+    slot, N = list(profile.layers).index(l), k.shape[1]
+    t = None if profile.turn is None else profile.turned(slot, torch.arange(N)).transpose(0, 1)   # [Hkv, N, D]
     codes = row_codes(k if t is None else k - t, v, fmts, *_layer_profile(profile, l))
     return codes if t is None else {(kv, f): x + t if kv == "k" else x for (kv, f), x in codes.items()}
 

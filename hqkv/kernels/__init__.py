@@ -165,6 +165,7 @@ TURN_TILES = {
     ("decode", 256): {90: Tile(16, 0, 8, 2)},
 }
 
+# %% ../../nbs/30a_kernels.ipynb #a443b35d
 def device_arch(device=None) -> int|None:
     "Compute capability of a CUDA device as an int (80, 90, ...); None for anything else (the interpreter's tensors)."
     device = torch.device(device) if device is not None else None

@@ -182,8 +182,10 @@ def _turn(qt_ptr, qt_rows, qt_ok, tab_ptr, base_ptr, pos, ok, D, D_PAD: tl.const
     for c in tl.static_range(0, D_PAD // 2, TW):
         j = c + tl.arange(0, TW)
         m, qm = ok[:, None] & (j < H)[None, :], qt_ok[:, None] & (j < H)[None, :]
-        co, so = tl.load(tab_ptr + o + j[None, :], mask=m, other=0.0), tl.load(tab_ptr + o + H + j[None, :], mask=m, other=0.0)
-        cb, sb = tl.load(base_ptr + k + j[None, :], mask=m, other=0.0), tl.load(base_ptr + k + H + j[None, :], mask=m, other=0.0)
+        co = tl.load(tab_ptr + o + j[None, :], mask=m, other=0.0)
+        so = tl.load(tab_ptr + o + H + j[None, :], mask=m, other=0.0)
+        cb = tl.load(base_ptr + k + j[None, :], mask=m, other=0.0)
+        sb = tl.load(base_ptr + k + H + j[None, :], mask=m, other=0.0)
         qa = tl.load(qt_ptr + qt_rows[:, None] + j[None, :], mask=qm, other=0.0)
         qb = tl.load(qt_ptr + qt_rows[:, None] + H + j[None, :], mask=qm, other=0.0)
         t += _tdot(qa, co * cb - so * sb, DOT_BF16) + _tdot(qb, so * cb + co * sb, DOT_BF16)
@@ -240,8 +242,8 @@ def _window_blocks(q_hi, q_lo, m, l, acc, j0, j1, n_code, slot, h,
         k = tl.load(kr_ptr + base, mask=ok[:, None] & (offs_d < D)[None, :], other=0.0)
         v = tl.load(vr_ptr + base, mask=ok[:, None] & (offs_d < D)[None, :], other=0.0)
         s = _scores(q_hi, q_lo, k, ok[None, :], DOT_BF16)
-        if TURN: s += _turn(qt_ptr, qt_rows, qt_ok, tab_ptr, base_ptr, rec_start + (rows + RECENT - rec_start % RECENT) % RECENT,
-                            ok, D, D_PAD, DOT_BF16)
+        if TURN: s += _turn(qt_ptr, qt_rows, qt_ok, tab_ptr, base_ptr,
+                            rec_start + (rows + RECENT - rec_start % RECENT) % RECENT, ok, D, D_PAD, DOT_BF16)
         m, l, acc = _fold(s, v, m, l, acc, DOT_BF16)
     return m, l, acc
 
@@ -423,8 +425,7 @@ def decode(q:Tensor, # float [B, Hq, D], original domain; Hq a multiple of kv_he
     "Paged decode attention over coded pages in Triton (same contract as `hqkv.attention.paged_decode`)."
     kernel_formats(codec)                    # a format the kernels do not read: ValueError naming those they do
     (kc, vc), _ = _pair(codec), _check_pages(k_pages, v_pages, codec)
-    _, PAGE, Hkv, _ = k_pages.shape
-    D = kc.head_dim
+    (_, PAGE, Hkv, _), D = k_pages.shape, kc.head_dim
     if not isinstance(q, Tensor) or not q.is_floating_point() or q.ndim != 3 or q.shape[-1] != D:
         raise ValueError(f"q must be float [B, Hq, {D}], got {getattr(q, 'dtype', None)} "
                          f"{tuple(getattr(q, 'shape', ()))}")
@@ -448,9 +449,9 @@ def decode(q:Tensor, # float [B, Hq, D], original domain; Hq a multiple of kv_he
     kp, vp, kt, vt, meta = _kv_args(codec, k_pages, v_pages, qr)
     wt, wst, S, R, has_w = _window_args(window, window_slots, B, Hkv, D, dev, qr)
     tt, has_t = _turn_args(turn, qr, scale, indices.numel() * PAGE, qr)   # positions < the pages' rows
-    o_rot = torch.empty(B, Hq, D, device=dev); lse = torch.empty(B, Hq, device=dev)
-    po, pl = ws.o, ws.lse
-    t = tile("decode", D, dev, kc.name if kc.name == vc.name else f"{kc.name}/{vc.name}", turn is not None)   # `FORMAT_TILES`
+    o_rot, lse, po, pl = torch.empty(B, Hq, D, device=dev), torch.empty(B, Hq, device=dev), ws.o, ws.lse
+    fmts = kc.name if kc.name == vc.name else f"{kc.name}/{vc.name}"
+    t = tile("decode", D, dev, fmts, turn is not None)                     # `FORMAT_TILES`, `TURN_TILES`
     block_n = _block_n(t.block_n if block_n is None else block_n, PAGE)
     decode_kernel[(B, Hkv, splits)](
         qr, kp, vp, indptr, indices, last_page_len, *wt, kt, vt, po, pl, *tt,

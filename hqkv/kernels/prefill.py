@@ -65,12 +65,10 @@ def prefill_kernel(q_ptr, kn_ptr, vn_ptr, qo_ptr, k_ptr, v_ptr, indptr_ptr, indi
         q_rows = (q0 + qi).to(tl.int64) * stride_qt + qh * stride_qh   # a turned mean's qt: q's layout
         q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=r_ok[:, None] & d_ok[None, :], other=0.0)
         q_hi, q_lo = _split_query(q, DOT_BF16)
-        m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l = tl.zeros([BLOCK_M], tl.float32)
+        m, l = tl.full([BLOCK_M], float("-inf"), tl.float32), tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
         # 1. the prefix's code blocks
-        P = tl.load(prefix_ptr + b)
-        p0 = tl.load(indptr_ptr + b)
+        P, p0 = tl.load(prefix_ptr + b), tl.load(indptr_ptr + b)
         if WINDOW:
             s_held = tl.minimum(SINKS, P)
             rec_start = tl.maximum(SINKS, P - RECENT)
@@ -138,7 +136,8 @@ def prefill(q:Tensor, # float [T, Hq, D]: the chunks' queries (original domain)
     dev = check_device(q, k_new, v_new, qo_indptr, k_pages, v_pages, indptr, indices, prefix_lens)
     if T == 0: return (q.new_empty(0, Hq, D), torch.empty(0, Hq, device=dev)) if return_lse else q.new_empty(0, Hq, D)
     if max_chunk is None: max_chunk = int((qo_indptr[1:] - qo_indptr[:-1]).max())
-    t = tile("prefill", D, dev, kc.name if kc.name == vc.name else f"{kc.name}/{vc.name}", turn is not None)   # `FORMAT_TILES`
+    fmts = kc.name if kc.name == vc.name else f"{kc.name}/{vc.name}"
+    t = tile("prefill", D, dev, fmts, turn is not None)                    # `FORMAT_TILES`, `TURN_TILES`
     block_m = t.block_m if block_m is None else block_m
     block_n = _block_n(t.block_n if block_n is None else block_n, PAGE)
     scale = 1 / math.sqrt(D) if scale is None else float(scale)
