@@ -179,13 +179,18 @@ def _check_window(window, slots, lens, kv_heads, head_dim, what):
     if bad: raise ValueError(f"window and pages describe different tokens: (batch row, window len, {what}) = {bad}")
     return sl
 
+def _check_turn(turn:tuple, shape) -> tuple[Tensor, Tensor]:
+    "A turned mean's (qt, omega) for queries of `shape` (every reader of `turn=` checks it here); ValueError naming what is off."
+    qt, omega = turn
+    if not isinstance(qt, Tensor) or qt.shape != shape or tuple(getattr(omega, "shape", ())) != (shape[-1] // 2,):
+        raise ValueError(f"turn: qt must be float {tuple(shape)} (q's shape) and omega [{shape[-1] // 2}], got "
+                         f"{tuple(getattr(qt, 'shape', ()))} and {tuple(getattr(omega, 'shape', ()))}")
+    return qt, omega
+
 def _with_turn(qr:Tensor, turn:tuple|None, scale:float) -> tuple[Tensor, Tensor|None]:
     "qr with a turned mean's query side (times the scale) as D more columns, and its omega; (qr, None) without one."
     if turn is None: return qr, None
-    qt, omega = turn
-    if not isinstance(qt, Tensor) or qt.shape != qr.shape or tuple(omega.shape) != (qr.shape[-1] // 2,):
-        raise ValueError(f"turn: qt must be float {tuple(qr.shape)} (q's shape) and omega [{qr.shape[-1] // 2}], got "
-                         f"{tuple(getattr(qt, 'shape', ()))} and {tuple(getattr(omega, 'shape', ()))}")
+    qt, omega = _check_turn(turn, qr.shape)
     return torch.cat([qr, qt.to(qr.device, torch.float32) * scale], -1), omega
 
 def _check_q(q, heads_kv, D, name="q", ndim=3):

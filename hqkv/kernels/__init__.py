@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 from ..codec import Codec
-from ..attention import ExactWindow, _pair
+from ..attention import ExactWindow, _pair, _check_turn
 from ..keyprofile import turn_angles
 
 # %% auto #0
@@ -102,24 +102,21 @@ def _window_args(window, window_slots, B, Hkv, D, dev, dummy):
             (ss[0], ss[1], ss[2], rs[0], rs[1], rs[2]), window.sinks, window.recent, True)
 
 # %% ../../nbs/30a_kernels.ipynb #95ec6545
-_TURN = {}   # (omega's bytes, device) -> (tab, base), base grown by doubling
+_TURN = {}   # (omega's storage, its device, q's device) -> (omega, tab, base), base grown by doubling
 
 def _turn_args(turn, q:torch.Tensor, scale:float, n:int, dummy):
     "A turned mean's (qt times the scale, tab [64, D], base [>= n/64, D]) for the kernels, and TURN (dummies without)."
     # position 64 k + o: (cos, sin) of its angle from tab's row o and base's row k (`decode._turn`)
     if turn is None: return (dummy,) * 3, False
-    qt, omega = turn
-    D = q.shape[-1]
-    if not isinstance(qt, torch.Tensor) or qt.shape != q.shape or tuple(omega.shape) != (D // 2,):
-        raise ValueError(f"turn: qt must be float {tuple(q.shape)} (q's shape) and omega [{D // 2}], got "
-                         f"{tuple(getattr(qt, 'shape', ()))} and {tuple(getattr(omega, 'shape', ()))}")
-    w, K = omega.detach().to("cpu", torch.float64).contiguous(), n // 64 + 2
-    key = (w.numpy().tobytes(), q.device)
+    qt, omega = _check_turn(turn, q.shape)
+    # keyed by the profile's tensor (kept in the entry), not its values: no copy to the host, no sync, per layer and step
+    key, K = (omega.data_ptr(), str(omega.device), q.device), n // 64 + 2
     t = _TURN.get(key)
-    if t is None or t[1].shape[0] < K:
-        K = max(K, 2 * (0 if t is None else t[1].shape[0]))
-        t = _TURN[key] = (turn_angles(w, torch.arange(64)).to(q.device), turn_angles(w, 64 * torch.arange(K)).to(q.device))
-    return ((qt.to(q.device, torch.float32) * scale).contiguous(), *t), True
+    if t is None or t[2].shape[0] < K:
+        K, w = max(K, 2 * (0 if t is None else t[2].shape[0])), omega.detach().to("cpu", torch.float64)
+        tab, base = (turn_angles(w, p).to(q.device) for p in (torch.arange(64), 64 * torch.arange(K)))
+        t = _TURN[key] = (omega, tab, base)
+    return ((qt.to(q.device, torch.float32) * scale).contiguous(), *t[1:]), True
 
 # %% ../../nbs/30a_kernels.ipynb #7a1e5c02
 @dataclass(frozen=True, slots=True)
