@@ -1177,68 +1177,84 @@ static void item(const Args& a, Ctx& cx, int64_t b, int64_t p0, int64_t p1, floa
     }
 }
 
-extern "C" int hqkv_cpu_decode(const Args* ap, float* work) {   // work: [items, H, Gp, D + 2] floats
-    Args a = *ap;
-    if (g_isa < 0) hqkv_cpu_isa(-1);
-    const int64_t H = a.H, G = a.Gp, D = a.D, W = G * (D + 2);
-    std::vector<Fmt> kf(H), vf(H), wf(H);     // each head's format, block boundaries included
-    std::vector<int64_t> woff(H);
-    const size_t mirrored = offsetof(Fmt, nsb);   // the size of one ctypes _Fmt
-    for (int64_t h = 0; h < H; ++h) {
-        kf[h] = with_blocks((const char*)ap->kf + h * mirrored); vf[h] = with_blocks((const char*)ap->vf + h * mirrored);
-        memset(&wf[h], 0, sizeof(Fmt)); wf[h].kind = FMT_BF16; wf[h].D = D; wf[h].row_bytes = 2 * D; wf[h].nsb = 1; wf[h].sb[1] = (int32_t)(D / 8);
-        woff[h] = h * 2 * D;
+// One call's shared state: each head's formats (block boundaries included), the items of each sequence and the int8 queries
+struct Call {
+    Args a; int64_t W = 0, items = 0; bool quant = false;
+    std::vector<Fmt> kf, vf, wf; std::vector<int64_t> woff, first;   // first[b] .. first[b+1]-1: sequence b's items, one per split
+    std::vector<uint8_t> qu; std::vector<float> qs, qf; std::vector<int32_t> qk;
+    explicit Call(const Args* ap) : a(*ap) {
+        if (g_isa < 0) hqkv_cpu_isa(-1);
+        const int64_t H = a.H, G = a.Gp, D = a.D; W = G * (D + 2);
+        kf.resize(H); vf.resize(H); wf.resize(H); woff.resize(H);
+        const size_t mirrored = offsetof(Fmt, nsb);   // the size of one ctypes _Fmt
+        for (int64_t h = 0; h < H; ++h) {
+            kf[h] = with_blocks((const char*)ap->kf + h * mirrored); vf[h] = with_blocks((const char*)ap->vf + h * mirrored);
+            memset(&wf[h], 0, sizeof(Fmt)); wf[h].kind = FMT_BF16; wf[h].D = D; wf[h].row_bytes = 2 * D; wf[h].nsb = 1; wf[h].sb[1] = (int32_t)(D / 8);
+            woff[h] = h * 2 * D;
+        }
+        a.kf = kf.data(); a.vf = vf.data(); a.wf = wf.data(); a.w_off = woff.data();
+        auto rows_for = [&](int64_t bytes) { return std::max<int64_t>(8, std::min<int64_t>(BLK, (131072 / bytes) & ~7)); };   // bytes: a token
+        a.block_rows = rows_for(a.k_tok_bytes + a.v_tok_bytes); a.window_block_rows = rows_for(4 * H * D);   // window rows are bf16
+        first.assign(a.B + 1, 0);
+        for (int64_t b = 0; b < a.B; ++b) { int64_t L = a.spans[4 * b]; first[b + 1] = first[b] + std::max<int64_t>(1, (L + a.chunk - 1) / a.chunk); }
+        items = first[a.B];
+        for (int64_t h = 0; h < H; ++h) quant = quant || int_keys(kf[h]);   // the int8 query of every (sequence, KV head), once per call
+        if (quant) { qu.resize(a.B * H * G * D); qs.resize(a.B * H * G); qf.resize(a.B * H * G * D); qk.resize(a.B * H * G * 8); }
     }
-    a.kf = kf.data(); a.vf = vf.data(); a.wf = wf.data(); a.w_off = woff.data();
-    auto rows_for = [&](int64_t bytes) { return std::max<int64_t>(8, std::min<int64_t>(BLK, (131072 / bytes) & ~7)); };   // bytes: a token
-    a.block_rows = rows_for(a.k_tok_bytes + a.v_tok_bytes); a.window_block_rows = rows_for(4 * H * D);   // window rows are bf16
-    std::vector<int64_t> first(a.B + 1, 0);   // items of sequence b: first[b] .. first[b+1]-1, one per split
-    for (int64_t b = 0; b < a.B; ++b) { int64_t L = a.spans[4 * b]; first[b + 1] = first[b] + std::max<int64_t>(1, (L + a.chunk - 1) / a.chunk); }
-    const int64_t items = first[a.B];
-    bool quant = false;                         // the int8 query of every (sequence, KV head), once per call
-    for (int64_t h = 0; h < H; ++h) quant = quant || int_keys(kf[h]);
-    std::vector<uint8_t> qu(quant ? a.B * H * G * D : 0); std::vector<float> qs(quant ? a.B * H * G : 0), qf(quant ? a.B * H * G * D : 0);
-    std::vector<int32_t> qk(quant ? a.B * H * G * 8 : 0);
-    #pragma omp parallel num_threads((int)a.threads) if (a.threads > 1)
-    {
-        Ctx cx; cx.s.assign(G * BLK, 0.f); cx.tmp.assign(D, 0.f); cx.sc.assign(4 * BLK, 0.f);
-        Ahead ahead; std::vector<Fmt> tk(kf), tv(vf), tw(wf);   // this thread's formats: the same, with its prefetch cursor
-        for (auto* fs : {&tk, &tv, &tw}) for (Fmt& f : *fs) f.ahead = &ahead;
-        Args ta = a; ta.kf = tk.data(); ta.vf = tv.data(); ta.wf = tw.data();
-        if (quant) {
-            #pragma omp for schedule(static)
-            for (int64_t bh = 0; bh < a.B * H; ++bh)
-                quantize(a.q + bh * G * D, G, D, g_isa == 2, qu.data() + bh * G * D, qs.data() + bh * G, qf.data() + bh * G * D,
-                         qk.data() + bh * G * 8);
+};
+
+// merge the splits of (b, h) by log-sum-exp into a.out (and a.lse)
+static void merge(const Call& c, const float* work, int64_t bh) {
+    const Args& a = c.a; const int64_t H = a.H, G = a.Gp, D = a.D, W = c.W;
+    int64_t b = bh / H, h = bh % H, ns = c.first[b + 1] - c.first[b];
+    const float* w0 = work + (c.first[b] * H + h) * W;
+    const int64_t st = H * W;                   // from one split to the next
+    float* o = a.out + bh * G * D;
+    for (int64_t g = 0; g < G; ++g) {
+        float M = -INFINITY, Lsum = 0;
+        for (int64_t j = 0; j < ns; ++j) M = std::max(M, w0[j * st + g]);
+        for (int64_t d = 0; d < D; ++d) o[g * D + d] = 0;
+        for (int64_t j = 0; j < ns; ++j) {
+            const float* w = w0 + j * st; if (w[G + g] == 0) continue;
+            float e = expf(w[g] - M); Lsum += e * w[G + g];
+            for (int64_t d = 0; d < D; ++d) o[g * D + d] += e * w[2 * G + g * D + d];
         }
-        #pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < items; ++it) {
-            int64_t b = std::upper_bound(first.begin(), first.end(), it) - first.begin() - 1, j = it - first[b];
-            int64_t L = a.spans[4 * b], p0 = j * a.chunk, p1 = std::min(L, p0 + a.chunk);
-            item(ta, cx, b, p0, p1, work + it * H * W, quant ? qu.data() : nullptr, qs.data(), quant ? qf.data() : nullptr, qk.data());
-        }
+        if (Lsum == 0) { if (a.lse) a.lse[bh * G + g] = -INFINITY; continue; }   // an empty sequence (a prefill with no prefix): o = 0
+        float inv = 1.0f / Lsum;
+        for (int64_t d = 0; d < D; ++d) o[g * D + d] *= inv;
+        if (a.lse) a.lse[bh * G + g] = M + logf(Lsum);
+    }
+}
+
+// the call's work, run by every thread of a parallel region (or by one thread alone): its `omp for` loops share the
+// queries' rounding, the items and the merge among the region's threads, with a barrier after each
+static void run_call(Call& c, float* work) {
+    const Args& a = c.a; const int64_t H = a.H, G = a.Gp, D = a.D;
+    Ctx cx; cx.s.assign(G * BLK, 0.f); cx.tmp.assign(D, 0.f); cx.sc.assign(4 * BLK, 0.f);
+    Ahead ahead; std::vector<Fmt> tk(c.kf), tv(c.vf), tw(c.wf);   // this thread's formats: the same, with its prefetch cursor
+    for (auto* fs : {&tk, &tv, &tw}) for (Fmt& f : *fs) f.ahead = &ahead;
+    Args ta = a; ta.kf = tk.data(); ta.vf = tv.data(); ta.wf = tw.data();
+    if (c.quant) {
         #pragma omp for schedule(static)
-        for (int64_t bh = 0; bh < a.B * H; ++bh) {  // merge the splits of (b, h) by log-sum-exp
-            int64_t b = bh / H, h = bh % H, ns = first[b + 1] - first[b];
-            const float* w0 = work + (first[b] * H + h) * W;
-            const int64_t st = H * W;               // from one split to the next
-            float* o = a.out + bh * G * D;
-            for (int64_t g = 0; g < G; ++g) {
-                float M = -INFINITY, Lsum = 0;
-                for (int64_t j = 0; j < ns; ++j) M = std::max(M, w0[j * st + g]);
-                for (int64_t d = 0; d < D; ++d) o[g * D + d] = 0;
-                for (int64_t j = 0; j < ns; ++j) {
-                    const float* w = w0 + j * st; if (w[G + g] == 0) continue;
-                    float e = expf(w[g] - M); Lsum += e * w[G + g];
-                    for (int64_t d = 0; d < D; ++d) o[g * D + d] += e * w[2 * G + g * D + d];
-                }
-                if (Lsum == 0) { if (a.lse) a.lse[bh * G + g] = -INFINITY; continue; }   // an empty sequence (a prefill with no prefix): o = 0
-                float inv = 1.0f / Lsum;
-                for (int64_t d = 0; d < D; ++d) o[g * D + d] *= inv;
-                if (a.lse) a.lse[bh * G + g] = M + logf(Lsum);
-            }
-        }
+        for (int64_t bh = 0; bh < a.B * H; ++bh)
+            quantize(a.q + bh * G * D, G, D, g_isa == 2, c.qu.data() + bh * G * D, c.qs.data() + bh * G, c.qf.data() + bh * G * D,
+                     c.qk.data() + bh * G * 8);
     }
+    #pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < c.items; ++it) {
+        int64_t b = std::upper_bound(c.first.begin(), c.first.end(), it) - c.first.begin() - 1, j = it - c.first[b];
+        int64_t L = a.spans[4 * b], p0 = j * a.chunk, p1 = std::min(L, p0 + a.chunk);
+        item(ta, cx, b, p0, p1, work + it * H * c.W, c.quant ? c.qu.data() : nullptr, c.qs.data(), c.quant ? c.qf.data() : nullptr,
+             c.qk.data());
+    }
+    #pragma omp for schedule(static)
+    for (int64_t bh = 0; bh < a.B * H; ++bh) merge(c, work, bh);
+}
+
+extern "C" int hqkv_cpu_decode(const Args* ap, float* work) {   // work: [items, H, Gp, D + 2] floats
+    Call c(ap);
+    #pragma omp parallel num_threads((int)c.a.threads) if (c.a.threads > 1)
+    run_call(c, work);
     return 0;
 }
 
@@ -1308,61 +1324,76 @@ static inline uint16_t f2bf(float f) {       // float -> bf16, round to nearest 
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
 }
 
-extern "C" int hqkv_cpu_decode_folded(const Args* ap, const Fold* fp, float* work) {   // a.q: the padded query buffer, written here
-    const Args& a = *ap; const Fold& f = *fp;
-    const int64_t B = a.B, H = a.H, Gp = a.Gp, G = f.G, D = a.D, DD = D * D;
-    if (D > 512 || G > Gp) return 1;
-    float* qb = const_cast<float*>(a.q);
-    uint16_t* ks = const_cast<uint16_t*>(a.k_sink); uint16_t* vs = const_cast<uint16_t*>(a.v_sink);
-    uint16_t* kr = const_cast<uint16_t*>(a.k_ring); uint16_t* vr = const_cast<uint16_t*>(a.v_ring);
-    #pragma omp parallel for num_threads((int)a.threads) if (a.threads > 1 && B > 1)
-    for (int64_t b = 0; b < B; ++b) {
-        float y[512];
-        uint16_t *kd = nullptr, *vd = nullptr;  // the token's window rows, as window_put places it (none: no window)
-        if (f.lanes) {
-            const int64_t lane = f.lanes[b], p = f.pos[b];
-            if (p < a.S) { kd = ks + (lane * a.S + p) * H * D; vd = vs + (lane * a.S + p) * H * D; }
-            else if (a.R) { kd = kr + (lane * a.R + p % a.R) * H * D; vd = vr + (lane * a.R + p % a.R) * H * D; }
-            f.lens[lane] = p + 1;
-        }
-        float x[512], cs[256], sn[256];
-        const int64_t hf = D / 2;
-        if (f.tm && kd)                        // the token's angles, once for its heads
-            for (int64_t j = 0; j < hf; ++j) { const double a = (double)f.tpos[b] * f.omega[j]; cs[j] = (float)cos(a); sn[j] = (float)sin(a); }
-        for (int64_t h = 0; h < H && kd; ++h) {
-            const float* kh = f.k + (b * H + h) * D;
-            if (f.tm) {                        // k - RoPE_p(tm): pairs (j, j + D/2) turned by p omega_j
-                const float* m = f.tm + h * D;
-                for (int64_t j = 0; j < hf; ++j) {
-                    x[j] = kh[j] - (m[j] * cs[j] - m[hf + j] * sn[j]); x[hf + j] = kh[hf + j] - (m[hf + j] * cs[j] + m[j] * sn[j]);
-                }
-                kh = x;
+// the maps before the kernel, one item of (b, h): it = 2 (b H + h) writes the new key and value rows to the window (kd:
+// the token's row of its heads there, null: no window; cs, sn: the token's angles for a turned mean), it + 1 maps the
+// G queries and writes the turned mean's query side
+static void fold_item(const Args& a, const Fold& f, int64_t it, uint16_t* kd, uint16_t* vd, const float* cs, const float* sn) {
+    const int64_t H = a.H, Gp = a.Gp, G = f.G, D = a.D, DD = D * D, hf = D / 2, b = it / 2 / H, h = it / 2 % H;
+    float y[512], x[512];
+    if (it % 2 == 0) {
+        if (!kd) return;
+        const float* kh = f.k + (b * H + h) * D;
+        if (f.tm) {                        // k - RoPE_p(tm): pairs (j, j + D/2) turned by p omega_j
+            const float* m = f.tm + h * D;
+            for (int64_t j = 0; j < hf; ++j) {
+                x[j] = kh[j] - (m[j] * cs[j] - m[hf + j] * sn[j]); x[hf + j] = kh[hf + j] - (m[hf + j] * cs[j] + m[j] * sn[j]);
             }
-            map_rows(kh, 1, D, f.km ? f.km + (f.km_heads > 1 ? h : 0) * DD : nullptr, 1.0f, D, y, D);
-            for (int64_t d = 0; d < D; ++d) kd[h * D + d] = f2bf(f.kb ? y[d] + f.kb[h * D + d] : y[d]);
-            map_rows(f.v + (b * H + h) * D, 1, D, f.vm ? f.vm + (f.vm_heads > 1 ? h : 0) * DD : nullptr, 1.0f, D, y, D);
-            for (int64_t d = 0; d < D; ++d) vd[h * D + d] = f2bf(y[d]);
+            kh = x;
         }
-        for (int64_t h = 0; h < H; ++h) {
-            const float* qm = f.qm ? f.qm + (f.qm_heads > 1 ? h : 0) * DD : nullptr;
-            map_rows(f.q + (b * H + h) * G * D, G, D, qm, f.scale, D, qb + (b * H + h) * Gp * D, D);   // the G heads share qm
-            if (f.tm) {                        // the term's query side: per pair (q m + q' m', q' m - q m'), times the scale
-                const float* m = f.tm + h * D;
-                for (int64_t g = 0; g < G; ++g) {
-                    const float* q = f.q + ((b * H + h) * G + g) * D; float* t = const_cast<float*>(a.qt) + ((b * H + h) * Gp + g) * D;
-                    for (int64_t j = 0; j < hf; ++j) {
-                        t[j] = f.tscale * (q[j] * m[j] + q[hf + j] * m[hf + j]); t[hf + j] = f.tscale * (q[hf + j] * m[j] - q[j] * m[hf + j]);
-                    }
-                }
-            }
+        map_rows(kh, 1, D, f.km ? f.km + (f.km_heads > 1 ? h : 0) * DD : nullptr, 1.0f, D, y, D);
+        for (int64_t d = 0; d < D; ++d) kd[h * D + d] = f2bf(f.kb ? y[d] + f.kb[h * D + d] : y[d]);
+        map_rows(f.v + (b * H + h) * D, 1, D, f.vm ? f.vm + (f.vm_heads > 1 ? h : 0) * DD : nullptr, 1.0f, D, y, D);
+        for (int64_t d = 0; d < D; ++d) vd[h * D + d] = f2bf(y[d]);
+        return;
+    }
+    const float* qm = f.qm ? f.qm + (f.qm_heads > 1 ? h : 0) * DD : nullptr;
+    map_rows(f.q + (b * H + h) * G * D, G, D, qm, f.scale, D, const_cast<float*>(a.q) + (b * H + h) * Gp * D, D);   // the G heads share qm
+    if (!f.tm) return;
+    const float* m = f.tm + h * D;         // the term's query side: per pair (q m + q' m', q' m - q m'), times the scale
+    for (int64_t g = 0; g < G; ++g) {
+        const float* q = f.q + ((b * H + h) * G + g) * D; float* t = const_cast<float*>(a.qt) + ((b * H + h) * Gp + g) * D;
+        for (int64_t j = 0; j < hf; ++j) {
+            t[j] = f.tscale * (q[j] * m[j] + q[hf + j] * m[hf + j]); t[hf + j] = f.tscale * (q[hf + j] * m[j] - q[j] * m[hf + j]);
         }
     }
-    int rc = hqkv_cpu_decode(ap, work);
-    if (rc) return rc;
-    #pragma omp parallel for num_threads((int)a.threads) if (a.threads > 1 && B > 1)
-    for (int64_t bh = 0; bh < B * H; ++bh) {   // the output back to the model's domain (a.out holds the values' domain)
-        const float* om = f.om ? f.om + (f.om_heads > 1 ? bh % H : 0) * DD : nullptr;
-        map_rows(a.out + bh * Gp * D, G, D, om, 1.0f, D, f.out + bh * G * D, D);
+}
+
+// the output map after the kernel (a.out holds the values' domain): one (b, h)
+static void unfold_item(const Args& a, const Fold& f, int64_t bh) {
+    const int64_t D = a.D;
+    const float* om = f.om ? f.om + (f.om_heads > 1 ? bh % a.H : 0) * D * D : nullptr;
+    map_rows(a.out + bh * a.Gp * D, f.G, D, om, 1.0f, D, f.out + bh * f.G * D, D);
+}
+
+// One parallel region for the whole layer, even at batch 1: its threads share the maps of the (b, h) pairs (a matrix per
+// KV head, read from memory every step: the weights evict them), then the kernel's phases, then the output maps
+extern "C" int hqkv_cpu_decode_folded(const Args* ap, const Fold* fp, float* work) {   // a.q: the padded query buffer, written here
+    const Args& a = *ap; const Fold& f = *fp;
+    const int64_t B = a.B, H = a.H, G = f.G, D = a.D, hf = D / 2;
+    if (D > 512 || G > a.Gp) return 1;
+    uint16_t* ks = const_cast<uint16_t*>(a.k_sink); uint16_t* vs = const_cast<uint16_t*>(a.v_sink);
+    uint16_t* kr = const_cast<uint16_t*>(a.k_ring); uint16_t* vr = const_cast<uint16_t*>(a.v_ring);
+    std::vector<uint16_t*> kd(B, nullptr), vd(B, nullptr);   // each token's window rows, as window_put places them (none: no window)
+    std::vector<float> cs(f.tm && f.lanes ? B * hf : 0), sn(cs.size());
+    for (int64_t b = 0; b < B && f.lanes; ++b) {
+        const int64_t lane = f.lanes[b], p = f.pos[b];
+        if (p < a.S) { kd[b] = ks + (lane * a.S + p) * H * D; vd[b] = vs + (lane * a.S + p) * H * D; }
+        else if (a.R) { kd[b] = kr + (lane * a.R + p % a.R) * H * D; vd[b] = vr + (lane * a.R + p % a.R) * H * D; }
+        f.lens[lane] = p + 1;
+        if (f.tm && kd[b])                 // the token's angles, once for its heads
+            for (int64_t j = 0; j < hf; ++j) { const double t = (double)f.tpos[b] * f.omega[j]; cs[b * hf + j] = (float)cos(t); sn[b * hf + j] = (float)sin(t); }
+    }
+    Call c(ap);
+    #pragma omp parallel num_threads((int)a.threads) if (a.threads > 1)
+    {
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < 2 * B * H; ++it) {
+            const int64_t b = it / 2 / H;
+            fold_item(a, f, it, kd[b], vd[b], cs.empty() ? nullptr : cs.data() + b * hf, sn.empty() ? nullptr : sn.data() + b * hf);
+        }
+        run_call(c, work);
+        #pragma omp for schedule(static)
+        for (int64_t bh = 0; bh < B * H; ++bh) unfold_item(a, f, bh);
     }
     return 0;
 }
