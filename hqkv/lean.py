@@ -1,4 +1,4 @@
-"""A decoder layer's forward restated for a `ModelRunner` step in about twenty torch calls instead of transformers' ~190: one product for q, k and v, one for gate and up (the norm before each inside the int8/int4 product), a three-call rotary embedding; checked against the layer's own forward when installed.
+"""A decoder layer's forward restated for a `ModelRunner` step in about fifteen torch calls instead of transformers' ~190: one product for q, k and v, one for gate and up (the norm before each inside the int8/int4 product), the activation and the residual additions inside the down and output products, a three-call rotary embedding; checked against the layer's own forward when installed.
 
 Docs: https://hqkv.github.io/hqkv/lean.html.md"""
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools, math
 import torch, torch.nn.functional as F
 from torch import Tensor, nn
-from .models.weights import Int8Linear, Int4Linear, Bf16Linear, F32Linear, _linear, _linear_f32
+from .models.weights import Int8Linear, Int4Linear, Bf16Linear, F32Linear, GLU_ACTS, _glu, _linear, _linear_f32
 
 # %% auto #0
 __all__ = ['LAYERS', 'LEAN_CLASSES', 'CHECK_TOL', 'FusedLinear', 'norm_weight', 'LeanLayer', 'check_lean', 'lean_refusal',
@@ -37,7 +37,7 @@ class FusedLinear:
             raise ValueError("FusedLinear takes layers with one input size, all with a bias or none")
         self.kind, self.sizes = kind, [m.out_features for m in mods]
         self.bias = None if mods[0].bias is None else torch.cat([m.bias.detach().float() for m in mods])
-        if len(mods) == 1: self.mod = mods[0]; return                    # one layer: its own tensors
+        if len(mods) == 1: self.mod = mods[0]; self._args(); return    # one layer: its own tensors
         self.mod = kind.__new__(kind); nn.Module.__init__(self.mod)      # the product's own module: the concatenated tensors
         ends = list(itertools.accumulate(self.sizes))
         for n in _TENSORS[kind]:
@@ -46,17 +46,26 @@ class FusedLinear:
             for m, a, b in zip(mods, [0] + ends[:-1], ends):
                 if n == "weight": m.weight = nn.Parameter(cat[a:b], requires_grad=False)
                 else: setattr(m, n, cat[a:b])
+        self._args()
+    def _args(self):   # the kernels' tensors, looked up once (a module's buffers cost an attribute search per call)
+        m = self.mod
+        self.args = (m.weight_q, m.scales, m.bits, getattr(m, "mins", None)) if self.kind in (Int8Linear, Int4Linear) else \
+                    (m.weight_q,) if self.kind is F32Linear else None
     def __call__(self, x:Tensor, # float32 [rows, in], contiguous
                  norm:tuple|None=None, # (weight, eps): x's rows RMS-normalized first (int8 / int4 / float32: by their kernels)
+                 act:int=0, # a `GLU_ACTS` code: x [rows, 2 in] is a gated MLP's [gate | up], the product reads act(gate) * up
+                 res:Tensor|None=None, # float32 [rows, sum of the outputs], contiguous: added to the output
                 ) -> Tensor: # [rows, sum of the outputs]
-        m = self.mod
-        if self.kind in (Int8Linear, Int4Linear): y = _linear(x, m.weight_q, m.scales, m.bits, getattr(m, "mins", None), norm)
-        elif self.kind is F32Linear: y = _linear_f32(x, m.weight_q, norm)
-        else:
+        m, kern = self.mod, self.args is not None
+        r = res if kern and self.bias is None else None                    # added by the kernels
+        if kern: y = (_linear_f32 if self.kind is F32Linear else _linear)(x, *self.args, norm, act, r)
+        else:                                                              # bf16 and nn.Linear: torch's steps
+            x = _glu(x, act)
             if norm is not None: x = F.rms_norm(x, (x.shape[-1],), *norm)
-            if self.kind is nn.Linear: return F.linear(x, m.weight, self.bias)
+            if self.kind is nn.Linear: y = F.linear(x, m.weight, self.bias); return y if res is None else y + res
             y = m._mm(x)
-        return y if self.bias is None else y + self.bias
+        if self.bias is not None: y = y + self.bias
+        return y if res is None or r is not None else y + res
 
 # %% ../nbs/40c_lean.ipynb #c0e772bf
 def norm_weight(norm:nn.Module, size:int) -> tuple|None: # (weight, eps) or None
@@ -93,7 +102,7 @@ class _Rope:
 
 # %% ../nbs/40c_lean.ipynb #42635816
 class LeanLayer:
-    "A decoder layer's forward for a `ModelRunner` step, in about twenty torch calls: one product for q, k and v and one for gate and up (each with its norm), a three-call rotary embedding."
+    "A decoder layer's forward for a `ModelRunner` step, in about fifteen torch calls: one product for q, k and v and one for gate and up (each with its norm), the activation and residuals inside the products, a three-call rotary embedding."
     def __init__(self, layer:nn.Module, rope:_Rope,
                  run_key:str="hqkv_run", # the forward keyword that carries the running `ModelRunner`
                  running=None): # finds it in a forward's keywords, or says why not (`hqkv.model_runner.running`)
@@ -112,26 +121,27 @@ class LeanLayer:
         if qkn and qkn[0][1] != qkn[1][1]: raise ValueError("its q_norm and k_norm have different epsilons")
         # per head of q and k: one normalization, then each head's weight
         self.qk_norm = (torch.cat([qkn[0][0].expand(self.hq, D), qkn[1][0].expand(self.hk, D)]), qkn[0][1]) if qkn else None
-        self.act = _activation(m.act_fn)
-        if self.act is None: raise ValueError(f"its activation {type(m.act_fn).__name__} is neither SiLU nor tanh GELU")
-        self.inter = m.up_proj.out_features
+        act = _activation(m.act_fn)
+        if act is None: raise ValueError(f"its activation {type(m.act_fn).__name__} is neither SiLU nor tanh GELU")
+        self.glu = GLU_ACTS["silu" if act is F.silu else "gelu_tanh"]   # the down projection applies it (`FusedLinear`)
         fuse = lambda ms: FusedLinear(ms) if len({type(x) for x in ms}) == 1 else _Separate(ms)
         self.qkv, self.gate_up = fuse([a.q_proj, a.k_proj, a.v_proj]), fuse([m.gate_proj, m.up_proj])
         self.o, self.down = fuse([a.o_proj]), fuse([m.down_proj])
 
     def __call__(self, hidden_states:Tensor, position_embeddings=None, **kwargs) -> Tensor:
-        run, x = self.running(kwargs), hidden_states[0]
+        run, x = self.running(kwargs), hidden_states[0].contiguous()   # contiguous: the products add it to their outputs
         T, H, D, hq, hk = x.shape[0], self.H, self.D, self.hq, self.hk
         n = self.norms
         y = self.qkv(x, n[0])
         qk, v = y[:, :(hq + hk) * D].view(T, hq + hk, D), y[:, (hq + hk) * D:].view(T, hk, D)
         if self.qk_norm: qk = F.rms_norm(qk, (D,), None, self.qk_norm[1]) * self.qk_norm[0]
         qk = self.rope(qk, *position_embeddings)
-        o = self.o(run.attend(self.li, qk[:, :hq], qk[:, hq:], v, self.scale, self.softcap, self.window).reshape(T, hq * D))
-        if self.sandwich: x = x + F.rms_norm(o, (H,), *n[1]); g = self.gate_up(x, n[2])
-        else: x = x + o; g = self.gate_up(x, n[1])
-        g = self.down(self.act(g[:, :self.inter]) * g[:, self.inter:])
-        return (x + (F.rms_norm(g, (H,), *n[3]) if self.sandwich else g))[None]
+        o = run.attend(self.li, qk[:, :hq], qk[:, hq:], v, self.scale, self.softcap, self.window).reshape(T, hq * D)
+        if self.sandwich:                  # Gemma's norms after attention and MLP come before the residual additions
+            x = x + F.rms_norm(self.o(o), (H,), *n[1])
+            return (x + F.rms_norm(self.down(self.gate_up(x, n[2]), act=self.glu), (H,), *n[3]))[None]
+        x = self.o(o, res=x)               # the residual additions and the MLP's activation inside the products
+        return self.down(self.gate_up(x, n[1]), act=self.glu, res=x)[None]
 
 class _Separate:
     "Linear layers of different kinds that read the same input: one product each, outputs side by side."

@@ -18,8 +18,22 @@
 
 static const int64_t GS = 32;                 // weights per scale
 
-// a layer's RMS norm before its product (nw: its weight, or null): each row x / sqrt(mean(x^2) + eps) * nw, as torch's rms_norm
-static const float* norm_rows(const float* x, int64_t M, int64_t K, const float* nw, float eps, std::vector<float>& buf) {
+// the activation of a gated MLP (1: SiLU, 2: GELU, tanh approximation), by the formulas torch's CPU kernels use
+static inline float act_f(int64_t act, float v) {
+    if (act == 1) return v / (1.0f + expf(-v));
+    return 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));   // sqrt(2 / pi)
+}
+
+// a layer's input as its product reads it. nw (its RMS norm's weight, or null): each row x / sqrt(mean(x^2) + eps) * nw, as
+// torch's rms_norm. act (a gated MLP's down projection, or 0): each row of x is [gate | up], K values each (the row 2K long),
+// and the input act(gate) * up
+static const float* norm_rows(const float* x, int64_t M, int64_t K, const float* nw, float eps, std::vector<float>& buf, int64_t act = 0) {
+    if (act) {
+        buf.resize(M * K);
+        for (int64_t m = 0; m < M; ++m)
+            for (int64_t k = 0; k < K; ++k) buf[m * K + k] = act_f(act, x[m * 2 * K + k]) * x[m * 2 * K + K + k];
+        return buf.data();
+    }
     if (!nw) return x;
     buf.resize(M * K);
     for (int64_t m = 0; m < M; ++m) {
@@ -29,6 +43,11 @@ static const float* norm_rows(const float* x, int64_t M, int64_t K, const float*
         for (int64_t k = 0; k < K; ++k) buf[m * K + k] = xm[k] * r * nw[k];
     }
     return buf.data();
+}
+
+// y[m, n] += res[m, n] for weight rows [n0, n1) (a residual connection added where the product is written; res null: none)
+static inline void add_res(const float* res, int64_t M, int64_t N, int64_t n0, int64_t n1, float* y) {
+    if (res) for (int64_t m = 0; m < M; ++m) for (int64_t n = n0; n < n1; ++n) y[m * N + n] += res[m * N + n];
 }
 
 static void rows_portable(const float* x, int64_t M, int64_t K, const int8_t* w, const float* s, int64_t n0, int64_t n1, int64_t N, float* y) {
@@ -52,9 +71,9 @@ struct XQ { std::vector<int8_t> q; std::vector<float> d, c; };   // activations 
 // per block of 32: scale max|x| / 127, round to nearest. With nw: each row first RMS-normalized, x / sqrt(mean(x^2) + eps) * nw
 // (the layer's norm before its products, as torch's rms_norm computes it)
 // per block of 32: scale max|x| / 127, round to nearest; with nw, the rows RMS-normalized first (norm_rows)
-static void quant_x(const float* x, int64_t M, int64_t K, XQ& o, const float* nw = nullptr, float eps = 0) {
+static void quant_x(const float* x, int64_t M, int64_t K, XQ& o, const float* nw = nullptr, float eps = 0, int64_t act = 0) {
     const int64_t G = K / GS;
-    std::vector<float> buf; x = norm_rows(x, M, K, nw, eps, buf);
+    std::vector<float> buf; x = norm_rows(x, M, K, nw, eps, buf, act);
     o.q.resize(M * K); o.d.resize(M * G); o.c.resize(M * G);
     for (int64_t b = 0; b < M * G; ++b) {
         const float* xb = x + b * GS; float amax = 0;
@@ -297,19 +316,19 @@ static void dup_scales(const XQ& xq, int64_t M, int64_t K, std::vector<float>& d
 }
 
 // x [M, K] float32, w [N, K] int8, s [N, K / 32] float32, y [M, N] float32; K a multiple of 32. nw (or null) and eps: the rows of
-// x RMS-normalized first (norm_rows)
+// x RMS-normalized first; act: x [M, 2K] is a gated MLP's [gate | up] (norm_rows); res (or null): [M, N] added to y
 extern "C" int hqkv_linear_int8(const float* x, int64_t M, int64_t K, const int8_t* w, const float* s, int64_t N, float* y, int64_t threads,
-                                const float* nw, float eps) {
-    if (K % GS) return 1;
+                                const float* nw, float eps, int64_t act, const float* res) {
+    if (K % GS || (act && nw)) return 1;
     if (g_isa < 0) hqkv_linear_isa(-1);
-    std::vector<float> buf; x = norm_rows(x, M, K, nw, eps, buf);   // once per call, shared by every thread
+    std::vector<float> buf; x = norm_rows(x, M, K, nw, eps, buf, act);   // once per call, shared by every thread
     const int64_t NB = 16;                    // weight rows per work item
     const int64_t items = (N + NB - 1) / NB;
     #pragma omp parallel for schedule(static) num_threads((int)threads) if (threads > 1)
     for (int64_t it = 0; it < items; ++it) {
         const int64_t n0 = it * NB, n1 = std::min(N, n0 + NB);
-        if (g_isa == 0) { rows_portable(x, M, K, w, s, n0, n1, N, y); continue; }
-        for (int64_t m0 = 0; m0 < M; ) {
+        if (g_isa == 0) rows_portable(x, M, K, w, s, n0, n1, N, y);
+        else for (int64_t m0 = 0; m0 < M; ) {
             const float* xm = x + m0 * K; float* ym = y + m0 * N;
             const int64_t left = M - m0; const int mt = left >= 4 ? 4 : left >= 2 ? 2 : 1;
             if (mt == 4) avx::rows<4>(xm, K, w, s, n0, n1, N, ym);      // AVX-512 gains nothing here: bound by memory
@@ -317,15 +336,17 @@ extern "C" int hqkv_linear_int8(const float* x, int64_t M, int64_t K, const int8
             else avx::rows<1>(xm, K, w, s, n0, n1, N, ym);
             m0 += mt;
         }
+        add_res(res, M, N, n0, n1, y);
     }
     return 0;
 }
 
-// x [M, K] float32, w [N, K] float32, y [M, N] float32 (any K); nw (or null) and eps: the rows of x RMS-normalized first
+// x [M, K] float32, w [N, K] float32, y [M, N] float32 (any K); nw, eps, act and res as hqkv_linear_int8's
 extern "C" int hqkv_linear_f32(const float* x, int64_t M, int64_t K, const float* w, int64_t N, float* y, int64_t threads,
-                               const float* nw, float eps) {
+                               const float* nw, float eps, int64_t act, const float* res) {
+    if (act && nw) return 1;
     if (g_isa < 0) hqkv_linear_isa(-1);
-    std::vector<float> buf; x = norm_rows(x, M, K, nw, eps, buf);
+    std::vector<float> buf; x = norm_rows(x, M, K, nw, eps, buf, act);
     const int64_t NB = 16;
     const int64_t items = (N + NB - 1) / NB;
     #pragma omp parallel for schedule(static) num_threads((int)threads) if (threads > 1)
@@ -337,32 +358,32 @@ extern "C" int hqkv_linear_f32(const float* x, int64_t M, int64_t K, const float
                 for (int64_t k = 0; k < K; ++k) a += w[n * K + k] * x[m * K + k];
                 y[m * N + n] = a;
             }
-            continue;
-        }
-        for (int64_t m0 = 0; m0 < M; ) {
+        } else for (int64_t m0 = 0; m0 < M; ) {
             const int64_t left = M - m0; const float* xm = x + m0 * K; float* ym = y + m0 * N;
             if (left >= 4) { avx::rows_f32<4>(xm, K, w, n0, n1, N, ym); m0 += 4; }
             else if (left >= 2) { avx::rows_f32<2>(xm, K, w, n0, n1, N, ym); m0 += 2; }
             else { avx::rows_f32<1>(xm, K, w, n0, n1, N, ym); m0 += 1; }
         }
+        add_res(res, M, N, n0, n1, y);
     }
     return 0;
 }
 
-// x [M, K] float32, w [N, K / 2] packed int4, s and mn [N, K / 32] float32 (scales, mins), y [M, N] float32; K a multiple of 32
+// x [M, K] float32, w [N, K / 2] packed int4, s and mn [N, K / 32] float32 (scales, mins), y [M, N] float32; K a multiple of 32;
+// nw, eps, act and res as hqkv_linear_int8's
 extern "C" int hqkv_linear_int4(const float* x, int64_t M, int64_t K, const uint8_t* w, const float* s, const float* mn, int64_t N, float* y, int64_t threads,
-                                const float* nw, float eps) {
-    if (K % GS) return 1;
+                                const float* nw, float eps, int64_t act, const float* res) {
+    if (K % GS || (act && nw)) return 1;
     if (g_isa < 0) hqkv_linear_isa(-1);
-    XQ xq; quant_x(x, M, K, xq, nw, eps);      // once per call, shared by every thread
+    XQ xq; quant_x(x, M, K, xq, nw, eps, act);      // once per call, shared by every thread
     std::vector<float> dx2; dup_scales(xq, M, K, dx2);
     const int64_t NB = 16;
     const int64_t items = (N + NB - 1) / NB;
     #pragma omp parallel for schedule(static) num_threads((int)threads) if (threads > 1)
     for (int64_t it = 0; it < items; ++it) {
         const int64_t n0 = it * NB, n1 = std::min(N, n0 + NB);
-        if (g_isa == 0) { rows4_portable(xq, M, K, w, s, mn, n0, n1, N, y); continue; }
-        for (int64_t m0 = 0; m0 < M; ) {
+        if (g_isa == 0) rows4_portable(xq, M, K, w, s, mn, n0, n1, N, y);
+        else for (int64_t m0 = 0; m0 < M; ) {
             const int64_t left = M - m0; float* ym = y + m0 * N; const int mt = left >= 4 ? 4 : left >= 2 ? 2 : 1;
             if (g_isa == 2) {
                 if (mt == 4) v512::rows4<4>(xq, dx2.data(), m0, K, w, s, mn, n0, n1, N, ym);
@@ -375,6 +396,7 @@ extern "C" int hqkv_linear_int4(const float* x, int64_t M, int64_t K, const uint
             }
             m0 += mt;
         }
+        add_res(res, M, N, n0, n1, y);
     }
     return 0;
 }

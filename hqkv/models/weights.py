@@ -12,10 +12,10 @@ from torch import Tensor, nn
 from ..native import build, cpu_model
 
 # %% auto #0
-__all__ = ['WEIGHTS', 'GROUP', 'DIRECT_ROWS', 'BF16_DIRECT_ROWS', 'KLD_TARGET', 'quantize_int8', 'linear_int8', 'int8_rows',
-           'quantize_int4', 'dequantize_int4', 'linear_int4', 'Int8Linear', 'Int4Linear', 'native_bf16', 'linear_bf16',
-           'Bf16Linear', 'linear_f32', 'F32Linear', 'weight_bytes', 'int8_refusal', 'bf16_refusal', 'int4_keeps',
-           'HeadEmbedding', 'quantize_weights', 'keeps_targets', 'fastest_kept']
+__all__ = ['WEIGHTS', 'GROUP', 'DIRECT_ROWS', 'BF16_DIRECT_ROWS', 'GLU_ACTS', 'KLD_TARGET', 'quantize_int8', 'linear_int8',
+           'int8_rows', 'quantize_int4', 'dequantize_int4', 'linear_int4', 'Int8Linear', 'Int4Linear', 'native_bf16',
+           'linear_bf16', 'Bf16Linear', 'linear_f32', 'F32Linear', 'weight_bytes', 'int8_refusal', 'bf16_refusal',
+           'int4_keeps', 'HeadEmbedding', 'quantize_weights', 'keeps_targets', 'fastest_kept']
 
 # %% ../../nbs/16a_models.weights.ipynb #a4cf0c34
 # engine.weights (auto: as int4, where int8 applies (`int8_refusal`); int4: where `int4_keeps`, else int8; bf16: `bf16_refusal`;
@@ -32,13 +32,13 @@ def _lib() -> ctypes.CDLL:
         l = ctypes.CDLL(str(build("csrc/linear_cpu.cpp")))
         P, I = ctypes.c_void_p, ctypes.c_int64
         F32 = ctypes.c_float
-        l.hqkv_linear_int8.argtypes, l.hqkv_linear_int8.restype = [P, I, I, P, P, I, P, I, P, F32], ctypes.c_int
-        l.hqkv_linear_int4.argtypes, l.hqkv_linear_int4.restype = [P, I, I, P, P, P, I, P, I, P, F32], ctypes.c_int
+        l.hqkv_linear_int8.argtypes, l.hqkv_linear_int8.restype = [P, I, I, P, P, I, P, I, P, F32, I, P], ctypes.c_int
+        l.hqkv_linear_int4.argtypes, l.hqkv_linear_int4.restype = [P, I, I, P, P, P, I, P, I, P, F32, I, P], ctypes.c_int
         l.hqkv_linear_dequant.argtypes, l.hqkv_linear_dequant.restype = [P, P, P, I, I, I, P, I, I], ctypes.c_int
         l.hqkv_linear_isa.argtypes, l.hqkv_linear_isa.restype = [ctypes.c_int], ctypes.c_int
         l.hqkv_linear_bf16.argtypes, l.hqkv_linear_bf16.restype = [P, I, I, P, I, P, I], ctypes.c_int
         l.hqkv_linear_has_bf16.argtypes, l.hqkv_linear_has_bf16.restype = [], ctypes.c_int
-        l.hqkv_linear_f32.argtypes, l.hqkv_linear_f32.restype = [P, I, I, P, I, P, I, P, F32], ctypes.c_int
+        l.hqkv_linear_f32.argtypes, l.hqkv_linear_f32.restype = [P, I, I, P, I, P, I, P, F32, I, P], ctypes.c_int
         l.hqkv_linear_isa(-1)
         _LIB = l
     return _LIB
@@ -89,17 +89,26 @@ def int8_rows(x:Tensor) -> Tensor: # float32 [M, K]: x's rows rounded to int8 pe
     inv = torch.where(amax > 0, 127 / amax, 0.0)
     return (torch.round(g * inv).clamp(-127, 127) * (amax / 127)).reshape(x.shape)
 
+GLU_ACTS = {"silu": 1, "gelu_tanh": 2}   # a gated MLP's activation, as the kernels' `act` code
+
+def _glu(x:Tensor, act:int) -> Tensor: # x [M, 2K] -> act(x[:, :K]) * x[:, K:] (act 0: x itself)
+    if not act: return x
+    K = x.shape[1] // 2; g = x[:, :K]
+    return (nn.functional.silu(g) if act == 1 else nn.functional.gelu(g, approximate="tanh")) * x[:, K:]
+
 # checked by the caller (`Int8Linear` and `Int4Linear` check their buffers once); norm: (weight, eps) or None, the
-# rows RMS-normalized first (by the kernels up to `DIRECT_ROWS`)
-def _linear(x, w, s, bits:int, mins=None, norm=None):
-    M, K = x.shape; N = w.shape[0]
+# rows RMS-normalized first (by the kernels up to `DIRECT_ROWS`); act (`GLU_ACTS`, or 0): x [M, 2K] is a gated MLP's
+# [gate | up] and the product reads act(gate) * up; res (float32 [M, N] contiguous, or None): added to the product
+def _linear(x, w, s, bits:int, mins=None, norm=None, act:int=0, res=None):
+    M, K = x.shape[0], x.shape[1] // 2 if act else x.shape[1]; N = w.shape[0]
     y, th, l = torch.empty(M, N), torch.get_num_threads(), _lib()
-    mp = None if mins is None else mins.data_ptr()
+    mp, rp = None if mins is None else mins.data_ptr(), None if res is None else res.data_ptr()
     if M <= DIRECT_ROWS:
         nw, eps = (None, 0.0) if norm is None else (norm[0].data_ptr(), norm[1])
-        if bits == 8: l.hqkv_linear_int8(x.data_ptr(), M, K, w.data_ptr(), s.data_ptr(), N, y.data_ptr(), th, nw, eps)
-        else: l.hqkv_linear_int4(x.data_ptr(), M, K, w.data_ptr(), s.data_ptr(), mp, N, y.data_ptr(), th, nw, eps)
+        if bits == 8: l.hqkv_linear_int8(x.data_ptr(), M, K, w.data_ptr(), s.data_ptr(), N, y.data_ptr(), th, nw, eps, act, rp)
+        else: l.hqkv_linear_int4(x.data_ptr(), M, K, w.data_ptr(), s.data_ptr(), mp, N, y.data_ptr(), th, nw, eps, act, rp)
         return y
+    x = _glu(x, act)
     if norm is not None: x = torch.nn.functional.rms_norm(x, (K,), *norm)
     if bits == 4: x = int8_rows(x)   # the activations as the int4 kernel takes them: a row's product never depends on its batch
     buf = torch.empty(min(N, 2048), K)
@@ -107,7 +116,7 @@ def _linear(x, w, s, bits:int, mins=None, norm=None):
         n1 = min(N, n0 + 2048)
         l.hqkv_linear_dequant(w.data_ptr(), s.data_ptr(), mp, K, n0, n1, buf.data_ptr(), th, bits)
         torch.mm(x, buf[:n1 - n0].T, out=y[:, n0:n1])
-    return y
+    return y if res is None else y.add_(res)
 
 # %% ../../nbs/16a_models.weights.ipynb #0eb2f41d
 def quantize_int4(w:Tensor, # float [N, K], K a multiple of `GROUP`
@@ -236,13 +245,15 @@ def linear_f32(x:Tensor, # float32 [M, K]
     _check_dense("linear_f32", x, w, torch.float32, "float32 x and w")
     return _linear_f32(x, w, _norm_arg(norm, x.shape[1]))
 
-def _linear_f32(x, w, norm=None):
-    M, K = x.shape
+def _linear_f32(x, w, norm=None, act:int=0, res=None):   # norm, act and res as `_linear` takes them
+    M, K = x.shape[0], x.shape[1] // 2 if act else x.shape[1]
     if M > DIRECT_ROWS:
+        x = _glu(x, act)
         if norm is not None: x = torch.nn.functional.rms_norm(x, (K,), *norm)
-        return torch.mm(x, w.T)
+        return torch.mm(x, w.T) if res is None else torch.addmm(res, x, w.T)
     y, (nw, eps) = torch.empty(M, len(w)), (None, 0.0) if norm is None else (norm[0].data_ptr(), norm[1])
-    _lib().hqkv_linear_f32(x.data_ptr(), M, K, w.data_ptr(), len(w), y.data_ptr(), torch.get_num_threads(), nw, eps)
+    _lib().hqkv_linear_f32(x.data_ptr(), M, K, w.data_ptr(), len(w), y.data_ptr(), torch.get_num_threads(), nw, eps, act,
+                           None if res is None else res.data_ptr())
     return y
 
 class F32Linear(Int8Linear):
