@@ -48,12 +48,12 @@ class FusedLinear:
                 else: setattr(m, n, cat[a:b])
         self._args()
     def _args(self):   # the kernels' tensors, looked up once (a module's buffers cost an attribute search per call)
-        m = self.mod
-        self.args = (m.weight_q, m.scales, m.bits, getattr(m, "mins", None)) if self.kind in (Int8Linear, Int4Linear) else \
+        m, ints = self.mod, self.kind in (Int8Linear, Int4Linear)
+        self.args = (m.weight_q, m.scales, m.bits, getattr(m, "mins", None)) if ints else \
                     (m.weight_q,) if self.kind is F32Linear else None
     def __call__(self, x:Tensor, # float32 [rows, in], contiguous
                  norm:tuple|None=None, # (weight, eps): x's rows RMS-normalized first (int8 / int4 / float32: by their kernels)
-                 act:int=0, # a `GLU_ACTS` code: x [rows, 2 in] is a gated MLP's [gate | up], the product reads act(gate) * up
+                 act:int=0, # a `GLU_ACTS` code: x [rows, 2 in] is a gated MLP's [gate | up], read as act(gate) * up
                  res:Tensor|None=None, # float32 [rows, sum of the outputs], contiguous: added to the output
                 ) -> Tensor: # [rows, sum of the outputs]
         m, kern = self.mod, self.args is not None
@@ -62,7 +62,8 @@ class FusedLinear:
         else:                                                              # bf16 and nn.Linear: torch's steps
             x = _glu(x, act)
             if norm is not None: x = F.rms_norm(x, (x.shape[-1],), *norm)
-            if self.kind is nn.Linear: y = F.linear(x, m.weight, self.bias); return y if res is None else y + res
+            if self.kind is nn.Linear:
+                y = F.linear(x, m.weight, self.bias); return y if res is None else y + res
             y = m._mm(x)
         if self.bias is not None: y = y + self.bias
         return y if res is None or r is not None else y + res
@@ -123,13 +124,13 @@ class LeanLayer:
         self.qk_norm = (torch.cat([qkn[0][0].expand(self.hq, D), qkn[1][0].expand(self.hk, D)]), qkn[0][1]) if qkn else None
         act = _activation(m.act_fn)
         if act is None: raise ValueError(f"its activation {type(m.act_fn).__name__} is neither SiLU nor tanh GELU")
-        self.glu = GLU_ACTS["silu" if act is F.silu else "gelu_tanh"]   # the down projection applies it (`FusedLinear`)
+        self.glu = GLU_ACTS["silu" if act is F.silu else "gelu_tanh"]   # applied by the down projection (`FusedLinear`)
         fuse = lambda ms: FusedLinear(ms) if len({type(x) for x in ms}) == 1 else _Separate(ms)
         self.qkv, self.gate_up = fuse([a.q_proj, a.k_proj, a.v_proj]), fuse([m.gate_proj, m.up_proj])
         self.o, self.down = fuse([a.o_proj]), fuse([m.down_proj])
 
     def __call__(self, hidden_states:Tensor, position_embeddings=None, **kwargs) -> Tensor:
-        run, x = self.running(kwargs), hidden_states[0].contiguous()   # contiguous: the products add it to their outputs
+        run, x = self.running(kwargs), hidden_states[0].contiguous()   # the products add it to their outputs
         T, H, D, hq, hk = x.shape[0], self.H, self.D, self.hq, self.hk
         n = self.norms
         y = self.qkv(x, n[0])

@@ -33,7 +33,8 @@ def _lib() -> ctypes.CDLL:
         P, I = ctypes.c_void_p, ctypes.c_int64
         F32 = ctypes.c_float
         l.hqkv_linear_int8.argtypes, l.hqkv_linear_int8.restype = [P, I, I, P, P, I, P, I, P, F32, I, P], ctypes.c_int
-        l.hqkv_linear_int4.argtypes, l.hqkv_linear_int4.restype = [P, I, I, P, P, P, I, P, I, P, F32, I, P], ctypes.c_int
+        l.hqkv_linear_int4.argtypes = [P, I, I, P, P, P, I, P, I, P, F32, I, P]
+        l.hqkv_linear_int4.restype = ctypes.c_int
         l.hqkv_linear_dequant.argtypes, l.hqkv_linear_dequant.restype = [P, P, P, I, I, I, P, I, I], ctypes.c_int
         l.hqkv_linear_isa.argtypes, l.hqkv_linear_isa.restype = [ctypes.c_int], ctypes.c_int
         l.hqkv_linear_bf16.argtypes, l.hqkv_linear_bf16.restype = [P, I, I, P, I, P, I], ctypes.c_int
@@ -105,8 +106,11 @@ def _linear(x, w, s, bits:int, mins=None, norm=None, act:int=0, res=None):
     mp, rp = None if mins is None else mins.data_ptr(), None if res is None else res.data_ptr()
     if M <= DIRECT_ROWS:
         nw, eps = (None, 0.0) if norm is None else (norm[0].data_ptr(), norm[1])
-        if bits == 8: l.hqkv_linear_int8(x.data_ptr(), M, K, w.data_ptr(), s.data_ptr(), N, y.data_ptr(), th, nw, eps, act, rp)
-        else: l.hqkv_linear_int4(x.data_ptr(), M, K, w.data_ptr(), s.data_ptr(), mp, N, y.data_ptr(), th, nw, eps, act, rp)
+        xp, wp, sp, yp = x.data_ptr(), w.data_ptr(), s.data_ptr(), y.data_ptr()
+        rc = l.hqkv_linear_int8(xp, M, K, wp, sp, N, yp, th, nw, eps, act, rp) if bits == 8 else \
+             l.hqkv_linear_int4(xp, M, K, wp, sp, mp, N, yp, th, nw, eps, act, rp)
+        if rc: raise ValueError(f"the int{bits} product takes a multiple of {GROUP} inputs ({K} given), and a norm "
+                                "or an activation, not both")
         return y
     x = _glu(x, act)
     if norm is not None: x = torch.nn.functional.rms_norm(x, (K,), *norm)
@@ -252,8 +256,9 @@ def _linear_f32(x, w, norm=None, act:int=0, res=None):   # norm, act and res as 
         if norm is not None: x = torch.nn.functional.rms_norm(x, (K,), *norm)
         return torch.mm(x, w.T) if res is None else torch.addmm(res, x, w.T)
     y, (nw, eps) = torch.empty(M, len(w)), (None, 0.0) if norm is None else (norm[0].data_ptr(), norm[1])
-    _lib().hqkv_linear_f32(x.data_ptr(), M, K, w.data_ptr(), len(w), y.data_ptr(), torch.get_num_threads(), nw, eps, act,
-                           None if res is None else res.data_ptr())
+    rp, th = None if res is None else res.data_ptr(), torch.get_num_threads()
+    if _lib().hqkv_linear_f32(x.data_ptr(), M, K, w.data_ptr(), len(w), y.data_ptr(), th, nw, eps, act, rp):
+        raise ValueError("the float32 product takes a norm or an activation, not both")
     return y
 
 class F32Linear(Int8Linear):
