@@ -1,4 +1,4 @@
-"""Decode attention for CPUs that reads bf16 and coded KV pages in place: a small C++ kernel (AVX2 + FMA, integer dot products for hq-e8-2b on AVX-512 VNNI, AVX-VNNI or AVX2, a portable path) built on first use, the same contract as `paged_decode`.
+"""Decode attention for CPUs that reads bf16 and coded KV pages in place: a small C++ kernel (AVX2 + FMA, integer dot products for hq-e8-2b on AVX-512 VNNI, AVX-VNNI or AVX2 and for tbq2 keys on AVX-512, a portable path) built on first use, the same contract as `paged_decode`.
 
 Docs: https://hqkv.github.io/hqkv/attention.cpu.html.md"""
 
@@ -17,9 +17,9 @@ from .attention import ExactWindow, _pair, _check_pages, _check_q, _check_table,
 from .keyprofile import turn_angles
 
 # %% auto #0
-__all__ = ['SOURCE', 'ISAS', 'E8_LOOKUPS', 'CPU_FORMATS', 'e8_tables', 'lib', 'set_isa', 'isas_here', 'set_e8_lookup',
-           'cpu_format', 'cpu_formats', 'e8_int8_table', 'integer_keys', 'int8_query', 'held_spans', 'turn_tables',
-           'turn_inputs', 'DecodePlan', 'paged_decode_cpu', 'paged_prefill_cpu']
+__all__ = ['SOURCE', 'ISAS', 'E8_LOOKUPS', 'CPU_FORMATS', 'TURN_RHO', 'e8_tables', 'lib', 'set_isa', 'isas_here', 'set_e8_lookup',
+           'cpu_format', 'cpu_formats', 'e8_int8_table', 'integer_keys', 'int8_query', 'held_spans', 'turn_poly',
+           'turn_tables', 'turn_inputs', 'DecodePlan', 'paged_decode_cpu', 'paged_prefill_cpu']
 
 # %% ../nbs/34_attention.cpu.ipynb #512fa3f2
 # float32 [256*8 + 256*16]: magnitudes, then per low byte: sign masks (as float bits), signed shifts
@@ -51,7 +51,8 @@ class _Args(ctypes.Structure):
     _fields_ = [(n, ctypes.c_void_p) for n in _PTRS] + [(n, ctypes.c_int64) for n in _INTS] + \
                [("kf", ctypes.POINTER(_Fmt)), ("vf", ctypes.POINTER(_Fmt))] + \
                [(n, ctypes.c_void_p) for n in ("k_off", "v_off", "wf", "w_off")] + \
-               [(n, ctypes.c_void_p) for n in ("qt", "turn_tab", "turn_base")] + [("turn_blocks", ctypes.c_int64)]
+               [(n, ctypes.c_void_p) for n in ("qt", "turn_tab", "turn_base")] + [("turn_blocks", ctypes.c_int64)] + \
+               [("turn_order", ctypes.c_void_p), ("turn_exact", ctypes.c_int64)]
                # k_off ...: per head; wf, w_off: set by the C++; qt ...: a turned mean's term (`turn_tables`)
 
 class _Fold(ctypes.Structure):
@@ -65,7 +66,8 @@ class _Fold(ctypes.Structure):
 SOURCE = "csrc/attention_cpu.cpp"   # package data of hqkv, compiled on first use (`hqkv.native.build`)
 _LIB, _ISA = None, None
 # avx2: AVX2, FMA and F16C, every format in floats; avx512 (F, BW, VL, DQ, VNNI), avx2-int8 (AVX2: vpmaddubsw) and avx-vnni
-# (AVX2 and AVX-VNNI: vpdpbusd on 256 bits) read hq-e8-2b as int8 (`integer_keys`) and the rest as avx2 does.
+# (AVX2 and AVX-VNNI: vpdpbusd on 256 bits) read hq-e8-2b as int8 (`integer_keys`; avx512 tbq2 keys too), the rest
+# as avx2 does.
 # The best a CPU has: avx512, else avx-vnni, else avx2-int8, else portable ('avx2' only when asked for: Formats, below)
 ISAS = {"portable": 0, "avx2": 1, "avx512": 2, "avx2-int8": 3, "avx-vnni": 4}
 _NEEDS = {"avx2": "AVX2, FMA and F16C", "avx512": "AVX-512 F, BW, VL, DQ and VNNI", "avx2-int8": "AVX2, FMA and F16C",
@@ -177,6 +179,9 @@ def integer_keys(codec) -> bool:
     kc = _pair(codec)[0]
     lib()                                                              # the instruction set is chosen when it loads
     D = kc.head_dim
+    if kc.name == "tbq2":                                          # levels symmetric about 0 (the kernels' check too)
+        c = torch.tensor(kc.centroids, dtype=torch.float32)
+        return _ISA == "avx512" and D % 32 == 0 and kc.block % 16 == 0 and bool(c[0] + c[3] == c[1] + c[2])
     return kc.name == "hq-e8-2b" and D % 64 == 0 and (_ISA == "avx512" or _ISA in ("avx2-int8", "avx-vnni") and D >= 128)
 
 def int8_query(qr:Tensor) -> Tensor: # qr as the kernels read it
@@ -217,9 +222,9 @@ def _args(B:int, H:int, Gp:int, D:int, P:int, spans:Tensor, indptr:Tensor, indic
 
 def _point(a:_Args, qr:Tensor, k_pages, v_pages, kc, vc, window, out:Tensor, lse:Tensor|None, turn:tuple|None=None):
     "Point a call's fields at one layer: its query buffer, pages, formats, window, outputs and turned mean's (qt, tables)."
-    qt, tab, base = (None, None, None) if turn is None else turn
-    a.qt, a.turn_tab, a.turn_base = (None if t is None else t.data_ptr() for t in (qt, tab, base))
-    a.turn_blocks = 0 if base is None else base.shape[0]
+    qt, tab, base, order, exact = (None, None, None, None, 0) if turn is None else turn
+    a.qt, a.turn_tab, a.turn_base, a.turn_order = (None if t is None else t.data_ptr() for t in (qt, tab, base, order))
+    a.turn_blocks, a.turn_exact = 0 if base is None else base.shape[0], exact
     (a.kf, a.k_off, a.k_tok_bytes), (a.vf, a.v_off, a.v_tok_bytes) = _heads_format(kc, a.H), _heads_format(vc, a.H)
     a.q, a.k_pages, a.v_pages = qr.data_ptr(), k_pages.data_ptr(), v_pages.data_ptr()
     a.out, a.lse = out.data_ptr(), (None if lse is None else lse.data_ptr())
@@ -235,25 +240,38 @@ def _call(a:_Args, qr:Tensor, k_pages, v_pages, kc, vc, window, work:Tensor, tur
     return out, lse
 
 # %% ../nbs/34_attention.cpu.ipynb #8e1dd5de
-_TURN_TABLES = {}   # omega's bytes -> (tab, base), base grown by doubling
+_TURN_TABLES = {}   # omega's bytes -> (tab, base, order, exact), base grown by doubling
+TURN_RHO = 2.0      # a channel pair with |32 omega| up to this is a 16-term polynomial over a run of 64 positions
+
+def turn_poly(omega:Tensor, # float64 [D/2]
+             ) -> Tensor: # float64 [D, 16]: cos channels' rows, then sin channels'; zero for pairs past TURN_RHO
+    "cos and sin of (32 + 32 t) omega (o = 32 + 32 t in a run of 64) in powers of t: the series of exp(i 32 omega t)."
+    # exp(i a) (i a)^m / m!, a = 32 omega, m < 16
+    a, m = 32 * omega.to(torch.float64), torch.arange(16, dtype=torch.float64)
+    e = a[:, None] ** m / torch.exp(torch.lgamma(m + 1)) * torch.exp(1j * (a[:, None] + m * math.pi / 2))
+    return torch.cat([e.real, e.imag]) * (a.abs() <= TURN_RHO).repeat(2)[:, None]
 
 def turn_tables(omega:Tensor, # float64 [D/2]: a layer's RoPE angles per position (`KeyProfile.omega`)
                 n:int, # positions read: 0 .. n-1
-               ) -> tuple[Tensor, Tensor]: # float32 tab [D, 80], base [>= n/64, D]
-    "A turned mean's tables for the kernels: (cos, sin) of o omega, o < 64, and of 64 k omega (position 64 k + o)."
-    # tab: a row per channel and 16 zeros after (the kernels read 16 positions at a time)
+               ) -> tuple[Tensor, Tensor, Tensor, int]: # float32 tab [D, 96], base [>= n/64, D], int32 order [D], exact
+    "A turned mean's tables for the kernels: cos, sin of o omega (o < 64) and `turn_poly`; of 64 k omega (at 64 k + o)."
+    # order: the channels the kernels read from the values (the first `exact`), then those read as polynomials
+    # tab: a row per channel: 64 values, 16 zeros (the kernels read 16 positions at a time), 16 coefficients
     w = omega.detach().to("cpu", torch.float64).contiguous()
     key, K = w.numpy().tobytes(), max(1, -(-n // 64))
     t = _TURN_TABLES.get(key)
     if t is None or t[1].shape[0] < K:
         K = max(K, 2 * (0 if t is None else t[1].shape[0]))
-        tab = torch.cat([turn_angles(w, torch.arange(64)).T, torch.zeros(2 * len(w), 16)], 1).contiguous()
-        t = _TURN_TABLES[key] = (tab, turn_angles(w, 64 * torch.arange(K)).contiguous())
+        poly = turn_poly(w)
+        tab = torch.cat([turn_angles(w, torch.arange(64)).T, torch.zeros(2 * len(w), 16), poly.float()], 1).contiguous()
+        slow = (32 * w.abs() <= TURN_RHO).repeat(2)
+        order = torch.cat([torch.nonzero(~slow).flatten(), torch.nonzero(slow).flatten()]).int()
+        t = _TURN_TABLES[key] = (tab, turn_angles(w, 64 * torch.arange(K)).contiguous(), order, int((~slow).sum()))
     return t
 
 def turn_inputs(qt:Tensor, # float [B, H*G, D] or [B, H, G, D]: the queries' side of the term (`KeyProfile.turn_query`)
-                omega:Tensor, G:int, Gp:int, scale:float, n:int) -> tuple[Tensor, Tensor, Tensor]:
-    "What `_point` takes for a turned mean: (qt [B, H, Gp, D] times the scale, zero padded; tab; base)."
+                omega:Tensor, G:int, Gp:int, scale:float, n:int) -> tuple:
+    "What `_point` takes for a turned mean: (qt [B, H, Gp, D] times the scale, zero padded; `turn_tables`)."
     B, D = qt.shape[0], qt.shape[-1]
     if qt.numel() % (B * G * D) or tuple(omega.shape) != (D // 2,):
         raise ValueError(f"a turned mean's qt {tuple(qt.shape)} and omega {tuple(omega.shape)} do not fit {G} query "

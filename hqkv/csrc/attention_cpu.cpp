@@ -70,9 +70,10 @@ struct Args {                                 // mirrored by hqkv.attention_cpu.
     const Fmt* wf; const int64_t* w_off;      // set by hqkv_cpu_decode: the window's rows (bf16) as a format and offsets
     // a turned mean (hqkv.keyprofile): its score term qt . (cos, sin)(p omega) added to every row's score; qt null: none
     const float* qt;                          // [B, H, Gp, D]: the queries' side (KeyProfile.turn_query), scaled as q
-    const float* turn_tab;                    // [D, 80]: (cos, sin) of o omega, o = 0..63, per channel (then 16 zeros)
+    const float* turn_tab;                    // [D, 96]: (cos, sin) of o omega, o = 0..63, per channel, 16 zeros, 16 coefficients
     const float* turn_base;                   // [turn_blocks, D]: (cos, sin) of 64 k omega
     int64_t turn_blocks;                      // rows of turn_base: every position read is below 64 turn_blocks
+    const int32_t* turn_order; int64_t turn_exact;   // [D]: the channels read from turn_tab's values first (turn_exact of them), then the polynomials'
 };
 
 static inline float bf16f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
@@ -755,6 +756,93 @@ template<int BITS, int G> static void score_tbq(const Fmt& f, const uint8_t* bas
         for (int g = 0; g < G; ++g) _mm512_storeu_ps(s + g * BLK + i0, tot[g]);
     }
 }
+// tbq2 keys as integers (hqkv.attention_cpu.integer_keys), with the query rounded to int8 as for hq-e8-2b's integer keys.
+// Index i = lo + 2 hi picks centroid c_i = c_0 + (c_1 - c_0) lo + (c_2 - c_0) hi, exactly when c_0 + c_3 = c_1 + c_2 (levels
+// symmetric about 0, as Lloyd-Max's are: int_tbq2 checks it), so a block's q . c = s (c_0 sum q8 + (c_1 - c_0) sum q8 lo +
+// (c_2 - c_0) sum q8 hi), s the query's scale: two integer dots and a constant, with no level rounded to an integer grid.
+// Sixteen rows in the lanes, as score_tbq: per 16 values one gather of the rows' 4 index bytes, then per 4 values one
+// vpmultishiftqb puts each row's 4 indices in its 4 bytes, an AND gives lo, a shift and an AND hi, and two vpdpbusd per head
+// (the query's 4 bytes broadcast) add them up in int32; per block two converts and three FMAs per head, with the rows' fp16
+// scales. Against score_tbq's shift, permute and FMA per value and head: ~2x fewer instructions at 7 heads per KV head.
+// X[k]'s lane r = dword k of the 16 bytes at p[r] (16 rows): 16 loads, four rows to a register (rows j, j + 4, j + 8,
+// j + 12 in register j's 128-bit lanes), then two rounds of unpacks. On an EPYC (Zen 4) one gather of 16 dwords per 16
+// values took a quarter of score_tbq2_int's samples (perf), as it did for hq-e8-2b's patterns (codes8's LOADS)
+static inline void rows16(const uint8_t* const* p, __m512i X[4]) {
+    __m512i R[4];
+    for (int j = 0; j < 4; ++j) {
+        __m512i t = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i*)p[j]));
+        t = _mm512_inserti32x4(t, _mm_loadu_si128((const __m128i*)p[4 + j]), 1);
+        t = _mm512_inserti32x4(t, _mm_loadu_si128((const __m128i*)p[8 + j]), 2);
+        R[j] = _mm512_inserti32x4(t, _mm_loadu_si128((const __m128i*)p[12 + j]), 3);
+    }
+    const __m512i a = _mm512_unpacklo_epi32(R[0], R[1]), b = _mm512_unpackhi_epi32(R[0], R[1]);
+    const __m512i c = _mm512_unpacklo_epi32(R[2], R[3]), d = _mm512_unpackhi_epi32(R[2], R[3]);
+    X[0] = _mm512_unpacklo_epi64(a, c); X[1] = _mm512_unpackhi_epi64(a, c);
+    X[2] = _mm512_unpacklo_epi64(b, d); X[3] = _mm512_unpackhi_epi64(b, d);
+}
+template<int G> static void score_tbq2_int(const Fmt& f, const uint8_t* base, int64_t stride, int n, const uint8_t* qs8, const float* qscale,
+                                           const int32_t*, float* s, float*) {
+    const int NB = (int)(f.D / f.block), CPB = (int)(f.block / 16);
+    const float c0 = f.tab[0], dl = f.tab[1] - c0, dh = f.tab[2] - c0;
+    alignas(64) float wl[8 * 8], wh[8 * 8], w0[8 * 8];   // [block][g]: each sum's weight, and the constant c_0 s sum q8
+    for (int bk = 0; bk < NB; ++bk)
+        for (int g = 0; g < G; ++g) {
+            const int8_t* qb = (const int8_t*)qs8 + g * f.D + bk * f.block;
+            int sum = 0;
+            for (int j = 0; j < f.block; ++j) sum += qb[j];
+            wl[bk * G + g] = dl * qscale[g]; wh[bk * G + g] = dh * qscale[g]; w0[bk * G + g] = c0 * qscale[g] * (float)sum;
+        }
+    alignas(64) uint8_t ctl[4][64];                       // byte k of a quadword (row 2m + k / 4): index 4 t + k % 4's bit offset
+    for (int t = 0; t < 4; ++t) for (int k = 0; k < 64; ++k) ctl[t][k] = (uint8_t)(32 * ((k & 7) >> 2) + 2 * (4 * t + (k & 3)));
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), one = _mm512_set1_epi8(1);
+    const bool loads = f.block % 64 == 0;      // 64 values' indices (16 bytes) of each row by loads (rows16), else a gather per 16
+    for (int i0 = 0; i0 < n; i0 += 16) {      // rows past n: the last row again (s has room for them; never read)
+        ahead_rows(f.ahead, 8);
+        const __m512i off = _mm512_mullo_epi32(_mm512_min_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(i0)), _mm512_set1_epi32(n - 1)),
+                                               _mm512_set1_epi32((int)stride));
+        __m512 tot[G];
+        #pragma GCC unroll 8
+        for (int g = 0; g < G; ++g) tot[g] = _mm512_setzero_ps();
+        for (int bk = 0; bk < NB; ++bk) {
+            const uint8_t* bb = base + bk * f.block_bytes;
+            __m512i lo[G], hi[G];
+            #pragma GCC unroll 8
+            for (int g = 0; g < G; ++g) lo[g] = hi[g] = _mm512_setzero_si512();
+            __m512i X[4];
+            for (int c = 0; c < CPB; ++c) {
+                if (loads && c % 4 == 0) {
+                    const uint8_t* p[16];
+                    for (int r = 0; r < 16; ++r) p[r] = base + std::min(i0 + r, n - 1) * stride + bk * f.block_bytes + 2 + 4 * c;
+                    rows16(p, X);
+                }
+                // 16 indices of each row
+                const __m512i x = loads ? X[c % 4] : _mm512_i32gather_epi32(off, (const int*)(bb + 2 + 4 * c), 1);
+                const uint8_t* qc = qs8 + bk * f.block + 16 * c;
+                #pragma GCC unroll 4
+                for (int t = 0; t < 4; ++t) {
+                    const __m512i m = _mm512_multishift_epi64_epi8(_mm512_load_si512(ctl[t]), x);
+                    const __m512i l = _mm512_and_si512(m, one), h = _mm512_and_si512(_mm512_srli_epi16(m, 1), one);
+                    #pragma GCC unroll 8
+                    for (int g = 0; g < G; ++g) {
+                        int32_t w; memcpy(&w, qc + g * f.D + 4 * t, 4);
+                        const __m512i q4 = _mm512_set1_epi32(w);
+                        lo[g] = _mm512_dpbusd_epi32(lo[g], l, q4); hi[g] = _mm512_dpbusd_epi32(hi[g], h, q4);
+                    }
+                }
+            }
+            const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(off, (const int*)bb, 1)));   // the rows' block scales
+            #pragma GCC unroll 8
+            for (int g = 0; g < G; ++g) {
+                const int k = bk * G + g;
+                const __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo[g]), _mm512_set1_ps(wl[k]),
+                                                 _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi[g]), _mm512_set1_ps(wh[k]), _mm512_set1_ps(w0[k])));
+                tot[g] = _mm512_fmadd_ps(v, d, tot[g]);
+            }
+        }
+        #pragma GCC unroll 8
+        for (int g = 0; g < G; ++g) _mm512_storeu_ps(s + g * BLK + i0, tot[g]);
+    }
+}
 // acc[g] += sum_i p[g][i] v_i: the weights p x the row's block scale made once per block, then CB chunks of 16 values at a
 // time for all rows (G x CB <= 16 accumulators in registers), as accum_bf16
 template<int BITS, int G> static void accum_tbq(const Fmt& f, const uint8_t* base, int64_t stride, int n, const float* p, float* acc, float* sc) {
@@ -1030,6 +1118,7 @@ typedef void (*IntScoreFn)(const Fmt&, const uint8_t*, int64_t, int, const uint8
 #define HQKV_A8L(L) {v512::accum_int1<L>, v512::accum<2, L>, v512::accum<3, L>, v512::accum<4, L>, v512::accum<5, L>, v512::accum<6, L>, v512::accum<7, L>, v512::accum<8, L>}
 // rows 0-2: g_isa 2-4; row 3: v512 with the patterns by loads (g_e8_loads)
 static const IntScoreFn SCORE_E8_INT[4][8] = {HQKV_G8L(v512::score, false), HQKV_G8(v2::score), HQKV_G8(v2vnni::score), HQKV_G8L(v512::score, true)};
+static const IntScoreFn SCORE_TBQ2_INT[8] = HQKV_G8(v512::score_tbq2_int);
 static const AccumFn ACCUM_E8_INT[4][8] = {HQKV_A8L(false),
                                              HQKV_G8(v2::accum), HQKV_G8(v2::accum), HQKV_A8L(true)};
 #undef HQKV_G8
@@ -1042,17 +1131,27 @@ static bool int_rows(const Fmt& f) { return f.kind == FMT_E8 && f.D % 64 == 0 &&
 // (pages and windows: their first AHEAD rows of each head otherwise stalled on DRAM; on an EPYC Zen 4, 2 threads, 32K tokens,
 // bf16 pages D 64 GQA 8 took 25.4 ms without, 7.9 ms with; D 64 GQA 1 7.8 -> 5.2 ms, D 128 GQA 1 10.9 -> 9.0 ms)
 static int64_t ahead_of(const Fmt& f) { return int_rows(f) || (g_isa >= 1 && (f.row_bytes < 128 || f.kind == FMT_BF16)) ? f.row_bytes : 0; }
-static bool int_keys(const Fmt& kf) { return int_rows(kf); }
+// tbq2 keys as int8 (v512::score_tbq2_int): AVX-512 VNNI and VBMI, blocks of 16 values, levels symmetric about 0, D a multiple
+// of 32 (the query's rounding, quantize)
+static bool int_tbq2(const Fmt& f) {
+    return f.kind == FMT_TBQ2 && g_isa == 2 && f.D % 32 == 0 && f.block % 16 == 0 && f.D / f.block <= 8 && f.tab[0] + f.tab[3] == f.tab[1] + f.tab[2];
+}
+static bool int_keys(const Fmt& kf) { return int_rows(kf) || int_tbq2(kf); }
 static bool int_values(const Fmt& vf) { return int_rows(vf); }
 
 // a turned mean's score term: s[g][i] += qt_g . (cos, sin)((p + i) omega) for the rows of a block. Position 64 k + o: the
-// query's pairs turned by 64 k omega once per run of rows with the same k (turn_base), then 16 rows at a time in the lanes:
-// one FMA per channel with the table's column (turn_tab is [D, TURN_W]: channel j's values at o = 0..63, then padding)
-static const int TURN_W = 80;
+// query's pairs turned by 64 k omega once per run of rows with the same k (turn_base), then 16 rows at a time in the lanes.
+// A pair whose angle moves little over a run (|32 omega| <= 2, hqkv.attention_cpu.TURN_RHO) is a polynomial there:
+// cos and sin of (32 + 32 t) omega, t = (o - 32) / 32, by 16 terms of the series of exp(i 32 omega t) (what is left
+// is below 2e-8 of the pair's weight), so those pairs' part of every row is one polynomial per run and head,
+// P[m] = sum over their channels of c[ch] poly[ch][m], evaluated by Horner's rule: 15 FMAs per 16 rows and head.
+// The other pairs (RoPE's fastest; turn_order's first turn_exact channels) read their values from the table: one FMA
+// per channel. turn_tab is [D, TURN_W]: channel ch's values at o = 0..63, then 16 zeros, then its 16 coefficients
+static const int TURN_W = 96, TURN_POLY = 80;
 typedef float tvec __attribute__((vector_size(64)));
 // GN heads (1 to 8) from qt's head g0: their turned coefficients c [GN, D], then each column of the table read once for all
 template<int GN> __attribute__((always_inline)) static inline void turn_heads(const float* __restrict qt, const float* __restrict tab, const float* __restrict cb,
-                                              int o0, int m, int64_t D, float* __restrict s) {
+                                              int o0, int m, int64_t D, const int32_t* __restrict ord, int64_t nex, float* __restrict s) {
     const int64_t h = D / 2;
     alignas(64) float c[GN][512];
     for (int g = 0; g < GN; ++g) {
@@ -1062,13 +1161,26 @@ template<int GN> __attribute__((always_inline)) static inline void turn_heads(co
             c[g][h + j] = x[h + j] * cb[j] - x[j] * cb[h + j];
         }
     }
+    tvec P[GN];
+    for (int g = 0; g < GN; ++g) P[g] = tvec{};
+    for (int64_t e = nex; e < D; ++e) {         // the slow pairs' channels: their polynomials, summed
+        const int ch = ord[e]; tvec pv; memcpy(&pv, tab + ch * TURN_W + TURN_POLY, 64);
+        for (int g = 0; g < GN; ++g) P[g] += c[g][ch] * pv;
+    }
+    alignas(64) float pc[GN][16];
+    for (int g = 0; g < GN; ++g) memcpy(pc[g], &P[g], 64);
     for (int i = 0; i < m; i += 16) {
-        tvec acc[GN];
-        for (int g = 0; g < GN; ++g) acc[g] = tvec{};
-        const float* __restrict t = tab + o0 + i;
-        for (int64_t j = 0; j < D; ++j) {
-            tvec tv; memcpy(&tv, t + j * TURN_W, 64);
-            for (int g = 0; g < GN; ++g) acc[g] += c[g][j] * tv;
+        tvec t, acc[GN];
+        for (int l = 0; l < 16; ++l) t[l] = (float)(o0 + i + l - 32) * (1.0f / 32);
+        for (int g = 0; g < GN; ++g) {
+            tvec a = tvec{} + pc[g][15];
+            for (int k = 14; k >= 0; --k) a = a * t + pc[g][k];
+            acc[g] = a;
+        }
+        const float* __restrict tt = tab + o0 + i;
+        for (int64_t e = 0; e < nex; ++e) {
+            const int ch = ord[e]; tvec tv; memcpy(&tv, tt + ch * TURN_W, 64);
+            for (int g = 0; g < GN; ++g) acc[g] += c[g][ch] * tv;
         }
         const int r = std::min(16, m - i);
         for (int g = 0; g < GN; ++g) for (int l = 0; l < r; ++l) s[g * BLK + i + l] += acc[g][l];
@@ -1083,7 +1195,7 @@ static void turn_scores(const float* __restrict qt, const Args& a, int64_t p, in
         for (int64_t g0 = 0; g0 < G; g0 += 8) {      // G: 1 to 8, or a multiple of 8 (the plan pads it)
             const float* q = qt + g0 * D; float* sg = s + g0 * BLK + i0;
             switch (std::min<int64_t>(G - g0, 8)) {
-#define HQKV_TURN(n) case n: turn_heads<n>(q, a.turn_tab, cb, (int)o0, m, D, sg); break;
+#define HQKV_TURN(n) case n: turn_heads<n>(q, a.turn_tab, cb, (int)o0, m, D, a.turn_order, a.turn_exact, sg); break;
                 HQKV_TURN(1) HQKV_TURN(2) HQKV_TURN(3) HQKV_TURN(4) HQKV_TURN(5) HQKV_TURN(6) HQKV_TURN(7) HQKV_TURN(8)
 #undef HQKV_TURN
             }
@@ -1100,7 +1212,8 @@ static void block(Ctx& cx, const Fmt& kf, const Fmt& vf, const uint8_t* kb, int6
     if (g_isa >= 1) {
         const int gi = (int)std::min<int64_t>(G, 8) - 1;   // G > 8: a multiple of 8 (the plan pads it), 8 heads at a time
         for (int64_t g0 = 0; g0 < G; g0 += 8)
-            if (qu && int_keys(kf)) SCORE_E8_INT[e8_row()][gi](kf, kb, ks, n, qu + g0 * D, qs + g0, qk + 8 * g0, s + g0 * BLK, cx.sc.data());
+            if (qu && int_keys(kf) && (kf.kind == FMT_E8 || 16 * ks <= INT32_MAX))   // else q: the rounded query in floats
+                (kf.kind == FMT_E8 ? SCORE_E8_INT[e8_row()] : SCORE_TBQ2_INT)[gi](kf, kb, ks, n, qu + g0 * D, qs + g0, qk + 8 * g0, s + g0 * BLK, cx.sc.data());
             else SCORE[kf.kind][gi](kf, kb, ks, n, q + g0 * D, s + g0 * BLK, cx.sc.data());
         if (qt) turn_scores(qt, a, pos, n, G, D, s);
         if (g_isa == 2) v512::softmax(s, n, (int)G, m, l, acc, D); else avx::softmax(s, n, (int)G, m, l, acc, D);
