@@ -109,9 +109,11 @@ bench-plan: $(STAMP) bench-texts
 
 ## bench-context: attention alone for one layer at 1K-32K tokens, head dims 64/128/256, GQA 1/4/8, every format the CPU kernels
 ## read, against bf16 pages and the gather path, with a STREAM-like triad for the machine's bandwidth (nbs/34_attention.cpu's
-## slow cells -> nbs/results/context_attention.json and .png)
+## slow cells -> nbs/results/context_attention.json and .png); then one layer at SmolLM2's and Qwen2.5's own shapes, as the
+## engine calls it, tbq2 with and without the turned mean's term (nbs/studies/53b_attention_shapes -> attention_shapes.json, .png)
 bench-context: $(STAMP)
 	OMP_WAIT_POLICY=PASSIVE $(BIN)/nbdev-test --n-workers 1 --flags slow --timing --cell-timeout 3600 nbs/34_attention.cpu.ipynb
+	$(BIN)/nbdev-test --n-workers 1 --flags slow --timing --cell-timeout 3600 nbs/studies/53b_attention_shapes.ipynb
 
 ## bench-serve: `hqkv serve` (bf16, hq-e8-2b) and `transformers serve` on SmolLM2-135M under 1, 4 and 16 streaming clients
 ## (loopback only, bounded): nbs/studies/54_serve -> nbs/results/serve_bench.json
