@@ -1169,9 +1169,10 @@ template<int GN> __attribute__((always_inline)) static inline void turn_heads(co
     }
     alignas(64) float pc[GN][16];
     for (int g = 0; g < GN; ++g) memcpy(pc[g], &P[g], 64);
+    const tvec lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     for (int i = 0; i < m; i += 16) {
-        tvec t, acc[GN];
-        for (int l = 0; l < 16; ++l) t[l] = (float)(o0 + i + l - 32) * (1.0f / 32);
+        tvec acc[GN];
+        const tvec t = (lane + (float)(o0 + i - 32)) * (1.0f / 32);   // exact: small integers, a power of 2
         for (int g = 0; g < GN; ++g) {
             tvec a = tvec{} + pc[g][15];
             for (int k = 14; k >= 0; --k) a = a * t + pc[g][k];
@@ -1183,7 +1184,11 @@ template<int GN> __attribute__((always_inline)) static inline void turn_heads(co
             for (int g = 0; g < GN; ++g) acc[g] += c[g][ch] * tv;
         }
         const int r = std::min(16, m - i);
-        for (int g = 0; g < GN; ++g) for (int l = 0; l < r; ++l) s[g * BLK + i + l] += acc[g][l];
+        for (int g = 0; g < GN; ++g) {
+            float* sg = s + g * BLK + i;
+            if (r == 16) { tvec x; memcpy(&x, sg, 64); x += acc[g]; memcpy(sg, &x, 64); }
+            else for (int l = 0; l < r; ++l) sg[l] += acc[g][l];
+        }
     }
 }
 __attribute__((target_clones("avx512f", "avx2", "default")))
