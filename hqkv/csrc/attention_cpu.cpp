@@ -760,8 +760,8 @@ template<int BITS, int G> static void score_tbq(const Fmt& f, const uint8_t* bas
 // Index i = lo + 2 hi picks centroid c_i = c_0 + (c_1 - c_0) lo + (c_2 - c_0) hi, exactly when c_0 + c_3 = c_1 + c_2 (levels
 // symmetric about 0, as Lloyd-Max's are: int_tbq2 checks it), so a block's q . c = s (c_0 sum q8 + (c_1 - c_0) sum q8 lo +
 // (c_2 - c_0) sum q8 hi), s the query's scale: two integer dots and a constant, with no level rounded to an integer grid.
-// Sixteen rows in the lanes, as score_tbq: per 16 values one gather of the rows' 4 index bytes, then per 4 values one
-// vpmultishiftqb puts each row's 4 indices in its 4 bytes, an AND gives lo, a shift and an AND hi, and two vpdpbusd per head
+// Sixteen rows in the lanes, as score_tbq: per 16 values the rows' 4 index bytes (rows16's loads, 64 values at a time, or
+// a gather where a block is not a multiple of 64), then per 4 values one vpmultishiftqb puts each row's 4 indices in its 4 bytes, an AND gives lo, a shift and an AND hi, and two vpdpbusd per head
 // (the query's 4 bytes broadcast) add them up in int32; per block two converts and three FMAs per head, with the rows' fp16
 // scales. Against score_tbq's shift, permute and FMA per value and head: ~2x fewer instructions at 7 heads per KV head.
 // X[k]'s lane r = dword k of the 16 bytes at p[r] (16 rows): 16 loads, four rows to a register (rows j, j + 4, j + 8,
