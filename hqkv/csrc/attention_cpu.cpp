@@ -702,6 +702,12 @@ template<int G> static void accum_bf16(const Fmt& f, const uint8_t* base, int64_
 // permute (vpermps reads 4 bits) from the centroids repeated with period 2^BITS over the 16 lanes, so the bits above an index
 // need no mask. One load and two shuffles per 16 values, as bf16's widen and shift (accum_tbq, whose weights take the block's
 // fp16 scale once per row and block; score_tbq, below, looks up 16 rows' values at a time instead)
+// the byte offsets of rows i0 .. i0 + 15 for a gather (rows past n: the last row again)
+static inline __m512i rows_off(int i0, int n, int64_t stride) {
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return _mm512_mullo_epi32(_mm512_min_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(i0)), _mm512_set1_epi32(n - 1)),
+                              _mm512_set1_epi32((int)stride));
+}
 template<int BITS> static inline __m512 tbq_table(const Fmt& f) {
     return _mm512_permutexvar_ps(_mm512_and_si512(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                                   _mm512_set1_epi32((1 << BITS) - 1)), _mm512_loadu_ps(f.tab));
@@ -725,11 +731,9 @@ template<int BITS, int G> static void score_tbq(const Fmt& f, const uint8_t* bas
     if (f.block % 8 || 16 * stride > INT32_MAX) return avx::score<avx::TBQ<BITS>, G>(f, base, stride, n, q, s, sc);
     const int NB = (int)(f.D / f.block), GPB = (int)(f.block / 8);
     const __m512 tab = tbq_table<BITS>(f);
-    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for (int i0 = 0; i0 < n; i0 += 16) {      // rows past n: the last row again (s has room for them; never read)
         ahead_rows(f.ahead, 8);
-        const __m512i off = _mm512_mullo_epi32(_mm512_min_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(i0)), _mm512_set1_epi32(n - 1)),
-                                               _mm512_set1_epi32((int)stride));
+        const __m512i off = rows_off(i0, n, stride);
         __m512 tot[G];
         #pragma GCC unroll 8
         for (int g = 0; g < G; ++g) tot[g] = _mm512_setzero_ps();
@@ -792,14 +796,11 @@ template<int G> static void score_tbq2_int(const Fmt& f, const uint8_t* base, in
             for (int j = 0; j < f.block; ++j) sum += qb[j];
             wl[bk * G + g] = dl * qscale[g]; wh[bk * G + g] = dh * qscale[g]; w0[bk * G + g] = c0 * qscale[g] * (float)sum;
         }
-    alignas(64) uint8_t ctl[4][64];                       // byte k of a quadword (row 2m + k / 4): index 4 t + k % 4's bit offset
-    for (int t = 0; t < 4; ++t) for (int k = 0; k < 64; ++k) ctl[t][k] = (uint8_t)(32 * ((k & 7) >> 2) + 2 * (4 * t + (k & 3)));
-    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), one = _mm512_set1_epi8(1);
+    const __m512i one = _mm512_set1_epi8(1);
     const bool loads = f.block % 64 == 0;      // 64 values' indices (16 bytes) of each row by loads (rows16), else a gather per 16
     for (int i0 = 0; i0 < n; i0 += 16) {      // rows past n: the last row again (s has room for them; never read)
         ahead_rows(f.ahead, 8);
-        const __m512i off = _mm512_mullo_epi32(_mm512_min_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(i0)), _mm512_set1_epi32(n - 1)),
-                                               _mm512_set1_epi32((int)stride));
+        const __m512i off = rows_off(i0, n, stride);
         __m512 tot[G];
         #pragma GCC unroll 8
         for (int g = 0; g < G; ++g) tot[g] = _mm512_setzero_ps();
@@ -820,7 +821,8 @@ template<int G> static void score_tbq2_int(const Fmt& f, const uint8_t* base, in
                 const uint8_t* qc = qs8 + bk * f.block + 16 * c;
                 #pragma GCC unroll 4
                 for (int t = 0; t < 4; ++t) {
-                    const __m512i m = _mm512_multishift_epi64_epi8(_mm512_load_si512(ctl[t]), x);
+                    // byte k of a quadword (row 2m + k / 4): the bit offset of index 4 t + k % 4 (vpmultishiftqb reads 6 bits)
+                    const __m512i m = _mm512_multishift_epi64_epi8(_mm512_add_epi8(_mm512_set1_epi64(0x2624222006040200), _mm512_set1_epi8((char)(8 * t))), x);
                     const __m512i l = _mm512_and_si512(m, one), h = _mm512_and_si512(_mm512_srli_epi16(m, 1), one);
                     #pragma GCC unroll 8
                     for (int g = 0; g < G; ++g) {
