@@ -137,18 +137,18 @@ gpu-check:
 
 ## kernel-check: every launch the engine and the vLLM plugin make with the Triton kernels, compiled ahead of time for
 ## sm_80 and sm_90 (no GPU needed; kernels/compile_check.py; --arch 80 90 100 adds sm_100): registers, spills, shared memory, occupancy ->
-## kernels/resources.md + nbs/results/kernel_resources.json; fails naming any configuration that cannot launch
+## kernels/resources.md + nbs/results/kernel_resources.json; fails naming any configuration that cannot launch or spills
 kernel-check: $(STAMP)
 	TRITON_INTERPRET=0 $(PY) kernels/compile_check.py
 
 ## kernel-check-ci: what CI can afford of kernel-check (the whole sweep of every format is over an hour on 2 cores): bf16 and
 ## hq-e8-2b over every head-dim width, GQA group and window as before (and with a turned mean), then every other format and
-## mixed key/value pair at head dims 80 and 256 (q8_0/q4_0: 256), GQA groups 1 and 8; fails naming any configuration that
-## cannot launch
+## mixed key/value pair at head dims 80 and 256 (q8_0/q4_0: 256), GQA groups 1 and 8, with and without a turned mean; fails
+## naming any configuration that cannot launch or spills
 KC_QUICK = tbq2 tbq3 tbq4 q8_0 q4_0 tbq3/hq-e8-2b hq-e8-2b/tbq2 q8_0/hq-e8-2b tbq4/tbq2
 kernel-check-ci: $(STAMP)
 	TRITON_INTERPRET=0 $(PY) kernels/compile_check.py --format bf16 hq-e8-2b
-	TRITON_INTERPRET=0 $(PY) kernels/compile_check.py --quick --format $(KC_QUICK) --turn off
+	TRITON_INTERPRET=0 $(PY) kernels/compile_check.py --quick --format $(KC_QUICK)
 
 clean:
 	rm -rf _site _docs _proc .pytest_cache

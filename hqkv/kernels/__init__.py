@@ -155,10 +155,12 @@ FORMAT_TILES = {
 }
 
 # (kernel, head-dim ceiling) -> {arch: Tile} for a key profile with a turned mean, before the rows above: the term's
-# two dots per block spill the prefill's 64 query rows at head_dim 128 (8-32 B), 32 rows spill nothing; bf16 decode at
-# 256 on sm_90 keeps 16 rows a step (64 ask for 226 of the 227 KiB of shared memory a block may have)
+# two dots per block spill the prefill's 64 query rows at head_dim 128 (8-32 B); on sm_80, 32 query rows spill the
+# tbq formats' (4-20 B from head_dim 80 to 256), 16 none; bf16 decode at 256 on sm_90 keeps 16 rows a step (64 ask for
+# 226 of the 227 KiB of shared memory a block may have)
 TURN_TILES = {
-    ("prefill", 128): {80: Tile(32, 32, 8, 1), 90: Tile(32, 32, 8, 1)},
+    ("prefill", 128): {80: Tile(16, 16, 8, 1), 90: Tile(32, 32, 8, 1)},
+    ("prefill", 256): {80: Tile(16, 16, 8, 1)},
     ("decode", 256): {90: Tile(16, 0, 8, 2)},
 }
 

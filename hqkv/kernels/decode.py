@@ -173,13 +173,14 @@ def _tdot(a, b, DOT_BF16: tl.constexpr):
 @triton.jit
 def _turn(qt_ptr, qt_rows, qt_ok, tab_ptr, base_ptr, pos, ok, D, D_PAD: tl.constexpr, DOT_BF16: tl.constexpr):
     "A turned mean's term [rows, BLOCK_N]: the rows' qt . (cos, sin)(pos omega), from table rows pos % 64 and pos // 64."
-    # half a head at a time up to 256, else 64 channel pairs at a time (all 256 at once spill 1.2 KB at head_dim 512)
-    TW: tl.constexpr = D_PAD // 2 if D_PAD <= 256 else 64
+    # half a head up to head_dim 128, else 32 channel pairs a step of a loop neither unrolled nor pipelined: unrolled
+    # or pipelined, every step's loads are hoisted and spill from head_dim 144 on (`make kernel-check`)
+    TW: tl.constexpr = D_PAD // 2 if D_PAD <= 128 else 32
     H = D // 2
     o = (pos % 64)[:, None] * D                   # (cos, sin) of o omega ...
     k = (pos // 64)[:, None] * D                  # ... and of 64 k omega: the angle sum, per key
     t = tl.zeros([qt_rows.shape[0], pos.shape[0]], tl.float32)
-    for c in tl.static_range(0, D_PAD // 2, TW):
+    for c in tl.range(0, D_PAD // 2, TW, num_stages=1):
         j = c + tl.arange(0, TW)
         m, qm = ok[:, None] & (j < H)[None, :], qt_ok[:, None] & (j < H)[None, :]
         co = tl.load(tab_ptr + o + j[None, :], mask=m, other=0.0)
