@@ -149,7 +149,9 @@ TILES = {
 # Decode at 256 on sm_90, bf16 pages: 64 rows a step, measured on an H200 (kernels/results_h200_diag.log, Triton 3.6):
 # 4K x 1 0.168 -> 0.122 ms, 32K x 8 1.184 -> 0.482, 128K x 1 0.376 -> 0.225, 32K x 1 equal; no spills (kernels/resources.md).
 # hq-e8-2b keeps 16: 64 rows were faster from 32K (2.20 vs 3.02 ms at 32K x 8) but 2x slower at 4K x 1 (0.540 vs 0.279)
+# Decode at 80-128 on sm_90, hq-e8-2b keys with tbq2 values: 16 rows a step spill 4 B (at 95 registers, 1 stage too), 32 none
 FORMAT_TILES = {
+    ("decode", 128, "hq-e8-2b/tbq2"): {90: Tile(32, 0, 8, 2)},
     ("prefill", 512, "tbq3/hq-e8-2b"): {90: Tile(16, 16, 8, 2)},
     ("decode", 256, "bf16"): {90: Tile(64, 0, 8, 2)},
 }
