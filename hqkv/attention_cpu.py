@@ -60,7 +60,8 @@ class _Fold(ctypes.Structure):
     _fields_ = [(n, ctypes.c_void_p) for n in ("q", "k", "v", "qm", "km", "kb", "vm", "om")] + \
                [(n, ctypes.c_int64) for n in ("qm_heads", "km_heads", "vm_heads", "om_heads", "G")] + \
                [(n, ctypes.c_void_p) for n in ("lanes", "pos", "lens", "out")] + [("scale", ctypes.c_float)] + \
-               [(n, ctypes.c_void_p) for n in ("tm", "omega", "tpos")] + [("tscale", ctypes.c_float)]
+               [(n, ctypes.c_void_p) for n in ("tm", "omega", "tpos")] + [("tscale", ctypes.c_float)] + \
+               [(n, ctypes.c_void_p) for n in ("qs", "ks", "rm")] + [("rm_heads", ctypes.c_int64)]
 
 # %% ../nbs/34_attention.cpu.ipynb #adafc967
 SOURCE = "csrc/attention_cpu.cpp"   # package data of hqkv, compiled on first use (`hqkv.native.build`)
@@ -367,7 +368,7 @@ def _rotation_maps(kc:Codec, vc:Codec, D:int, scale:float):
     "The codecs' rotations as the maps of a folded call (`LayerMaps`: query R x scale, output R_v^T), made once."
     from hqkv.layer_maps import LayerMaps, _codec_map
     R, Ro = _codec_map(kc, "rotate", D, "cpu"), _codec_map(vc, "unrotate", D, "cpu")
-    return LayerMaps(None if R is None else R * scale, None, None, None, Ro, scale)
+    return LayerMaps(None, None, None, None, Ro, scale, r=R)
 
 @patch
 def run_coded(self:DecodePlan, qr:Tensor, # float32 [B, H, G, D]: queries in the keys' domain, scaled
@@ -425,12 +426,13 @@ def run_folded(self:DecodePlan, q:Tensor, # float32 [B, H, G, D]: the model's qu
 def _fold(m) -> _Fold:
     "A `LayerMaps`' matrices as the kernel reads them (made once: kept in `m.native`, which keeps the tensors alive)."
     if m.native is None:
-        ts = [None if t is None else t.float().contiguous() for t in (m.q, m.k, m.k_bias, m.v, m.o, m.turn)]
+        # float32 and contiguous already (the codecs' rotations): the same tensor, one per codec (`layer_maps._shared`)
+        ts = [None if t is None else t.float().contiguous() for t in (m.q, m.k, m.k_bias, m.v, m.o, m.turn, m.qs, m.ks, m.r)]
         ts.append(None if m.omega is None else m.omega.double().contiguous())
         f = _Fold(scale=m.scale, tscale=m.scale)
-        f.qm, f.km, f.kb, f.vm, f.om, f.tm, f.omega = (None if t is None else t.data_ptr() for t in ts)
-        f.qm_heads, f.km_heads, f.vm_heads, f.om_heads = (1 if t is None or t.ndim == 2 else t.shape[0]
-                                                          for t in (ts[0], ts[1], ts[3], ts[4]))
+        f.qm, f.km, f.kb, f.vm, f.om, f.tm, f.qs, f.ks, f.rm, f.omega = (None if t is None else t.data_ptr() for t in ts)
+        f.qm_heads, f.km_heads, f.vm_heads, f.om_heads, f.rm_heads = (1 if t is None or t.ndim == 2 else t.shape[0]
+                                                                      for t in (ts[0], ts[1], ts[3], ts[4], ts[8]))
         m.native = (f, ts)
     return m.native[0]
 

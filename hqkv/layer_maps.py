@@ -1,4 +1,4 @@
-"""One pool layer's fixed linear maps (key profile, the codecs' rotations, the softmax scale) folded into one matrix each, for the CPU backend's decode steps.
+"""One pool layer's fixed linear maps (key profile, the codecs' rotations, the softmax scale), gathered once for the CPU backend's decode steps.
 
 Docs: https://hqkv.github.io/hqkv/layer_maps.html.md"""
 
@@ -17,11 +17,12 @@ __all__ = ['LayerMaps', 'layer_maps']
 # %% ../nbs/36a_layer_maps.ipynb #f599a864
 @dataclass(slots=True)
 class LayerMaps:
-    "One pool layer's fixed maps folded into matrices: key profile, the codecs' rotations and the softmax scale."
-    # a map is x @ m (m [D, D], or [H, D, D] per KV head); None: the identity
-    q: Tensor|None    # queries [.., H, G, D] -> the keys' domain, times sigma and the scale (None: times the scale)
-    k: Tensor|None    # new keys -> the window's domain: k @ k_map + k_bias ...
-    k_bias: Tensor|None   # ... [H, D] (the profile's mean)
+    "One pool layer's fixed maps: key profile, the codecs' rotations and the softmax scale, as the kernels apply them."
+    # a map is x @ m (m [D, D], or [H, D, D] per KV head); None: the identity. Queries and keys: their map, a per-channel
+    # factor, then `r`
+    q: Tensor|None    # queries [.., H, G, D]: the profile's rotation ...
+    k: Tensor|None    # new keys [.., H, D]: the profile's rotation (the same tensor as q) ...
+    k_bias: Tensor|None   # [H, D]: added last to keys (minus the profile's mean, mapped)
     v: Tensor|None    # new values -> the values' domain
     o: Tensor|None    # outputs from the values' domain back
     scale: float
@@ -29,46 +30,62 @@ class LayerMaps:
     turn: Tensor|None = None    # a turned mean (`hqkv.keyprofile`): [H, D], taken out of new keys at their position ...
     omega: Tensor|None = None   # ... [D/2] its angles; the kernels add its score term
     tabs: tuple|None = None     # the kernels' tables of omega (`hqkv.attention_cpu.turn_tables`, made on first use)
+    qs: Tensor|None = None      # ... queries times this [H, D] (sigma times the scale; None: times the scale) ...
+    ks: Tensor|None = None      # ... keys times this [H, D] (1 / sigma; None: 1) ...
+    r: Tensor|None = None       # ... then both times the keys' codec rotation
     def query(self, q:Tensor) -> Tensor: # [.., H, G, D] float32
-        return q.float() * self.scale if self.q is None else torch.matmul(q.float(), self.q)
+        x = q.float() if self.q is None else torch.matmul(q.float(), self.q)
+        x = x * self.scale if self.qs is None else x * self.qs[:, None, :]
+        return x if self.r is None else torch.matmul(x, self.r)
     def keys(self, k:Tensor) -> Tensor: # [.., H, D] float32
-        if self.k is None: return k.float()
-        if self.k.ndim == 2: return k.float() @ self.k
-        return torch.matmul(k.float().unsqueeze(-2), self.k).squeeze(-2) + self.k_bias
-    def values(self, v:Tensor) -> Tensor:
-        if self.v is None: return v.float()
-        return v.float() @ self.v if self.v.ndim == 2 else torch.matmul(v.float().unsqueeze(-2), self.v).squeeze(-2)
+        x = _rows(k.float(), self.k)
+        x = _rows(x if self.ks is None else x * self.ks, self.r)
+        return x if self.k_bias is None else x + self.k_bias
+    def values(self, v:Tensor) -> Tensor: return _rows(v.float(), self.v)
     def output(self, o:Tensor) -> Tensor: return o if self.o is None else torch.matmul(o, self.o)
+
+def _rows(x:Tensor, m:Tensor|None) -> Tensor:
+    "x [.., H, D] @ m: [D, D] for every head, [H, D, D] a head's own, None the identity."
+    if m is None: return x
+    return x @ m if m.ndim == 2 else torch.matmul(x.unsqueeze(-2), m).squeeze(-2)
+
+_SHARED = []   # every codec rotation made so far: equal matrices are one tensor, which every layer's maps point to
+
+def _shared(m:Tensor) -> Tensor:
+    "The tensor of `_SHARED` equal to `m` (`m` itself, kept, when none is)."
+    for t in _SHARED:
+        if t.shape == m.shape and t.device == m.device and torch.equal(t, m): return t
+    _SHARED.append(m)
+    return m
 
 def _linear_map(f, D:int, dev) -> Tensor|None:
     "M with f(x) = x @ M for a linear f on D-vectors (a codec's rotation), or None when f is the identity."
     eye = torch.eye(D, device=dev)
     m = f(eye)
-    return None if torch.equal(m, eye) else m
+    return None if torch.equal(m, eye) else _shared(m)
 
 def _codec_map(c, f:str, D:int, dev) -> Tensor|None:
-    "A codec's `rotate` or `unrotate` (f) as a matrix: [D, D], [H, D, D] for a `HeadsCodec` (a head's own), or None."
+    "A codec's `rotate` or `unrotate` (f) as a matrix: [D, D] (every head's, for a `HeadsCodec` whose heads share it), [H, D, D], or None."
     if not isinstance(c, HeadsCodec): return _linear_map(getattr(c, f), D, dev)
     ms = [_linear_map(getattr(x, f), D, dev) for x in c.codecs]
-    if all(m is None for m in ms): return None
-    return torch.stack([torch.eye(D, device=dev) if m is None else m for m in ms])
+    if all(m is ms[0] for m in ms): return ms[0]
+    return _shared(torch.stack([torch.eye(D, device=dev) if m is None else m for m in ms]))
 
 # %% ../nbs/36a_layer_maps.ipynb #bde0220e
 def layer_maps(kv, # a `PagedKV`: its codecs and key profile (the maps are kept in `kv.maps`)
                li:int, scale:float) -> LayerMaps:
-    "Pool layer `li`'s folded maps (made once per layer and scale)."
+    "Pool layer `li`'s maps (made once per layer and scale)."
     m = kv.maps.get((li, scale))
     if m is not None: return m
     kc, vc, prof = kv.k_codecs[li], kv.v_codecs[li], kv.key_profile
     D, dev = kc.head_dim, kv.pool.device
     R, Rv, Ro = (_codec_map(c, f, D, dev) for c, f in ((kc, "rotate"), (vc, "rotate"), (vc, "unrotate")))
-    if prof is None: q, k, b = (None if R is None else R * scale), R, None
-    else:                         # sigma, mu: [H, D], rot [H, D, D]: (q rot * sigma) R, ((k - mu) rot / sigma) R
+    m = LayerMaps(None, None, None, Rv, Ro, float(scale), r=R)
+    if prof is not None:          # sigma, mu: [H, D], rot [H, D, D]: (q rot * sigma) R, ((k - mu) rot / sigma) R
         s, mu = prof.sigma[li].to(dev), prof.mu[li].to(dev)
-        P = torch.eye(D, device=dev).expand(len(s), D, D) if prof.rot is None else prof.rot[li].to(dev)
-        R = torch.eye(D, device=dev) if R is None else R   # [D, D] or [H, D, D]
-        q, k = (P * s[:, None, :]) @ R * scale, (P / s[:, None, :]) @ R
-        b = -torch.matmul(mu[:, None, :], k).squeeze(1)
-    turn = None if prof is None or prof.turn is None else (prof.turn[li].to(dev), prof.omega[li].to(dev))
-    m = kv.maps[li, scale] = LayerMaps(q, k, b, Rv, Ro, float(scale), None, *(turn or (None, None)))
+        m.q = m.k = None if prof.rot is None else prof.rot[li].to(dev)
+        m.qs, m.ks = s * scale, 1 / s
+        m.k_bias = -m.keys(mu)
+        if prof.turn is not None: m.turn, m.omega = prof.turn[li].to(dev), prof.omega[li].to(dev)
+    kv.maps[li, scale] = m
     return m

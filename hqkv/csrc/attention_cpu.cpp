@@ -1390,13 +1390,18 @@ struct Fold {                                 // mirrored by hqkv.attention_cpu.
     const int64_t* lanes; const int64_t* pos; // [B]: each row's window lane and position (null: no window)
     int64_t* lens;                            // the window's lengths [slots]: pos + 1 after the write
     float* out;                               // [B, H, G, D]: the output, back in the model's domain
-    float scale;                              // the softmax scale, when qm is null (qm has it folded in)
+    float scale;                              // the softmax scale, when qs is null
     // a turned mean (hqkv.keyprofile): the new keys lose RoPE_p(tm) before their map, and the kernel adds its score term
     // from a.qt, which is written here (turn_query of q, times the scale); tm null: none
     const float* tm;                          // [H, D]: the keys' mean before RoPE (KeyProfile.turn of the layer)
     const double* omega;                      // [D/2]: RoPE's angle per position of each channel pair
     const int64_t* tpos;                      // [B]: each row's position
-    float tscale;                             // the softmax scale (qm has it folded in; the term's side does not)
+    float tscale;                             // the softmax scale (qs has it folded in; the term's side does not)
+    // queries and keys: x qm (km), times qs (ks) [H, D] per channel (null: the scale; keys: 1), then x rm (the codecs'
+    // rotation [Hm, D, D], or null), plus kb. rm, vm and om are one tensor for every layer of a codec (the engine's maps):
+    // they stay in cache, where a matrix per layer and head was read from memory at every layer of every step
+    const float* qs; const float* ks; const float* rm;
+    int64_t rm_heads;
 };
 
 // y = x M (M [D, D] row-major) or y = s x (M null), D <= 512: accumulated in a local row (restrict: no aliasing, so the
@@ -1438,6 +1443,19 @@ static void map_rows(const float* __restrict x, int64_t R, int64_t xs, const flo
     for (; r + 2 <= R; r += 2) map_pair<true>(x + r * xs, x + (r + 1) * xs, M, D, y + r * ys, y + (r + 1) * ys);
     if (r < R) map_pair<false>(x + r * xs, nullptr, M, D, y + r * ys, nullptr);   // an odd row alone (keys and values: one each)
 }
+// y = (x M1 (M1 null: x)) times sv [D] (null: s), then times M2 (null: as is), for R rows: map_rows twice, 8 rows at a time
+static void map3(const float* x, int64_t R, int64_t xs, const float* M1, const float* sv, float s, const float* M2, int64_t D,
+                 float* y, int64_t ys) {
+    alignas(64) float t[8 * 512];
+    for (int64_t r0 = 0; r0 < R; r0 += 8) {
+        const int64_t n = std::min<int64_t>(8, R - r0), us = M2 ? D : ys;
+        float* u = M2 ? t : y + r0 * ys;
+        map_rows(x + r0 * xs, n, xs, M1, M1 || sv ? 1.0f : s, D, u, us);
+        if (sv || (M1 && s != 1.0f))
+            for (int64_t r = 0; r < n; ++r) for (int64_t d = 0; d < D; ++d) u[r * us + d] *= sv ? sv[d] : s;
+        if (M2) map_rows(t, n, D, M2, 1.0f, D, y + r0 * ys, ys);
+    }
+}
 static inline uint16_t f2bf(float f) {       // float -> bf16, round to nearest even (as torch's .to(bfloat16))
     uint32_t u; memcpy(&u, &f, 4);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);   // NaN stays NaN
@@ -1449,6 +1467,7 @@ static inline uint16_t f2bf(float f) {       // float -> bf16, round to nearest 
 // G queries and writes the turned mean's query side
 static void fold_item(const Args& a, const Fold& f, int64_t it, uint16_t* kd, uint16_t* vd, const float* cs, const float* sn) {
     const int64_t H = a.H, Gp = a.Gp, G = f.G, D = a.D, DD = D * D, hf = D / 2, b = it / 2 / H, h = it / 2 % H;
+    const float* rm = f.rm ? f.rm + (f.rm_heads > 1 ? h : 0) * DD : nullptr;
     float y[512], x[512];
     if (it % 2 == 0) {
         if (!kd) return;
@@ -1460,14 +1479,14 @@ static void fold_item(const Args& a, const Fold& f, int64_t it, uint16_t* kd, ui
             }
             kh = x;
         }
-        map_rows(kh, 1, D, f.km ? f.km + (f.km_heads > 1 ? h : 0) * DD : nullptr, 1.0f, D, y, D);
+        map3(kh, 1, D, f.km ? f.km + (f.km_heads > 1 ? h : 0) * DD : nullptr, f.ks ? f.ks + h * D : nullptr, 1.0f, rm, D, y, D);
         for (int64_t d = 0; d < D; ++d) kd[h * D + d] = f2bf(f.kb ? y[d] + f.kb[h * D + d] : y[d]);
         map_rows(f.v + (b * H + h) * D, 1, D, f.vm ? f.vm + (f.vm_heads > 1 ? h : 0) * DD : nullptr, 1.0f, D, y, D);
         for (int64_t d = 0; d < D; ++d) vd[h * D + d] = f2bf(y[d]);
         return;
     }
-    const float* qm = f.qm ? f.qm + (f.qm_heads > 1 ? h : 0) * DD : nullptr;
-    map_rows(f.q + (b * H + h) * G * D, G, D, qm, f.scale, D, const_cast<float*>(a.q) + (b * H + h) * Gp * D, D);   // the G heads share qm
+    const float* qm = f.qm ? f.qm + (f.qm_heads > 1 ? h : 0) * DD : nullptr;   // the G heads share qm, qs and rm
+    map3(f.q + (b * H + h) * G * D, G, D, qm, f.qs ? f.qs + h * D : nullptr, f.scale, rm, D, const_cast<float*>(a.q) + (b * H + h) * Gp * D, D);
     if (!f.tm) return;
     const float* m = f.tm + h * D;         // the term's query side: per pair (q m + q' m', q' m - q m'), times the scale
     for (int64_t g = 0; g < G; ++g) {
