@@ -427,10 +427,12 @@ def _fold(m) -> _Fold:
     "A `LayerMaps`' matrices as the kernel reads them (made once: kept in `m.native`, which keeps the tensors alive)."
     if m.native is None:
         # float32 and contiguous already (the codecs' rotations): the same tensor, one per codec (`layer_maps._shared`)
-        ts = [None if t is None else t.float().contiguous() for t in (m.q, m.k, m.k_bias, m.v, m.o, m.turn, m.qs, m.ks, m.r)]
+        fields = (m.q, m.k, m.k_bias, m.v, m.o, m.turn, m.qs, m.ks, m.r)
+        ts = [None if t is None else t.float().contiguous() for t in fields]
         ts.append(None if m.omega is None else m.omega.double().contiguous())
         f = _Fold(scale=m.scale, tscale=m.scale)
-        f.qm, f.km, f.kb, f.vm, f.om, f.tm, f.qs, f.ks, f.rm, f.omega = (None if t is None else t.data_ptr() for t in ts)
+        ptrs = (None if t is None else t.data_ptr() for t in ts)
+        f.qm, f.km, f.kb, f.vm, f.om, f.tm, f.qs, f.ks, f.rm, f.omega = ptrs
         f.qm_heads, f.km_heads, f.vm_heads, f.om_heads, f.rm_heads = (1 if t is None or t.ndim == 2 else t.shape[0]
                                                                       for t in (ts[0], ts[1], ts[3], ts[4], ts[8]))
         m.native = (f, ts)

@@ -18,8 +18,8 @@ __all__ = ['LayerMaps', 'layer_maps']
 @dataclass(slots=True)
 class LayerMaps:
     "One pool layer's fixed maps: key profile, the codecs' rotations and the softmax scale, as the kernels apply them."
-    # a map is x @ m (m [D, D], or [H, D, D] per KV head); None: the identity. Queries and keys: their map, a per-channel
-    # factor, then `r`
+    # a map is x @ m (m [D, D], or [H, D, D] per KV head); None: the identity. Queries and keys: their map, a factor
+    # per channel, then `r`
     q: Tensor|None    # queries [.., H, G, D]: the profile's rotation ...
     k: Tensor|None    # new keys [.., H, D]: the profile's rotation (the same tensor as q) ...
     k_bias: Tensor|None   # [H, D]: added last to keys (minus the profile's mean, mapped)
@@ -65,7 +65,7 @@ def _linear_map(f, D:int, dev) -> Tensor|None:
     return None if torch.equal(m, eye) else _shared(m)
 
 def _codec_map(c, f:str, D:int, dev) -> Tensor|None:
-    "A codec's `rotate` or `unrotate` (f) as a matrix: [D, D] (every head's, for a `HeadsCodec` whose heads share it), [H, D, D], or None."
+    "A codec's `rotate` or `unrotate` (f) as a matrix: [D, D] (a `HeadsCodec`'s heads sharing one), [H, D, D], or None."
     if not isinstance(c, HeadsCodec): return _linear_map(getattr(c, f), D, dev)
     ms = [_linear_map(getattr(x, f), D, dev) for x in c.codecs]
     if all(m is ms[0] for m in ms): return ms[0]

@@ -270,7 +270,9 @@ def problems(r:Result) -> list[str]:
         if r.registers > MAX_REGS: out.append(f"{r.registers} registers > {MAX_REGS}")
     return out
 
-def spills(r:Result) -> list[str]: return [f"spills {r.spill_stores}/{r.spill_loads} B"] if r.spill_stores or r.spill_loads else []
+def spills(r:Result) -> list[str]:
+    "Why the configuration fails without --allow-spills (empty: it spills nothing)."
+    return [f"spills {r.spill_stores}/{r.spill_loads} B"] if r.spill_stores or r.spill_loads else []
 
 
 # ---------------------------------------------------------------- the report
@@ -326,7 +328,7 @@ def main(argv=None):
     ap.add_argument("--window", choices=("on", "off"), default=None, help="only this window setting (default both)")
     ap.add_argument("--path", choices=("engine", "vllm"), default=None, help="only the engine's or the vLLM plugin's launches (default both)")
     ap.add_argument("--turn", choices=("on", "off"), default=None, help="only launches with (on) or without (off) a turned mean (default both)")
-    ap.add_argument("--allow-spills", action="store_true", help="report spills without failing (the default fails on any)")
+    ap.add_argument("--allow-spills", action="store_true", help="report spills, fail only on what cannot launch")
     ap.add_argument("--json", default=None, help="write every row here (default with no slice: nbs/results/kernel_resources.json)")
     ap.add_argument("--md", default=None, help="write the table here (default with no slice: kernels/resources.md's generated part)")
     ap.add_argument("--label", default="", help="a name for this run in the JSON (e.g. before/after)")
