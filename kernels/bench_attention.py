@@ -16,6 +16,11 @@ to SDPA and hq-e8-2b's to bf16, measured in the same run, and the KV bytes each 
 
     python kernels/bench_attention.py [--out kernels/results.md]
     python kernels/bench_attention.py --tiny   # tiny shapes under TRITON_INTERPRET=1: checks the script runs
+    python kernels/bench_attention.py --tiles 16/8/2 32/4/2 64/8/2   # also hq-e8-2b decode at each tile (rows/warps/stages)
+
+``--tiles`` times hq-e8-2b's decode with each tile in place of the launcher's (``hqkv.kernels.FORMAT_TILES``,
+chosen by the compiled loops' instruction counts, ``kernels/sass.py``): the measurement that confirms or
+overturns that choice. Its table follows the main one.
 
 Correctness is ``kernels/check_attention.py``'s job; this script only spot-checks that each kernel's
 output is finite and close to SDPA over the same tokens (for bf16).
@@ -29,6 +34,7 @@ import argparse, os, sys, time
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--tiny", action="store_true", help="tiny shapes (runs under the Triton interpreter without a GPU)")
 parser.add_argument("--out", default=None, help="also write the markdown table to this file")
+parser.add_argument("--tiles", nargs="*", default=[], help="hq-e8-2b decode tiles to time too, as BLOCK_N/WARPS/STAGES (GPU only)")
 args = parser.parse_args()
 
 import torch
@@ -138,6 +144,34 @@ for op, rs in (("decode", rows), (f"prefill {CHUNK}", [prow])):
         lines.append(f"| {op} | {r['context']} | {r['batch']} | {fmt(r, 'hq-e8-2b ms')} | {fmt(r, 'bf16 ms')} | {fmt(r, 'sdpa bf16 ms')} | "
                      f"{ratio(r, 'hq-e8-2b ms', 'bf16 ms')} | {ratio(r, 'hq-e8-2b ms', 'sdpa bf16 ms')} | {ratio(r, 'bf16 ms', 'sdpa bf16 ms')} | "
                      f"{fmt(r, 'hq-e8-2b KV MB')} | {fmt(r, 'bf16 KV MB')} | {fmt(r, 'model hq-e8-2b ms')} | {fmt(r, 'model bf16 ms')} |")
+
+# %%
+# hq-e8-2b's decode at other tiles (--tiles)
+# -------------------------------------------
+import hqkv.kernels as K
+if args.tiles and DEV == "cuda":
+    key = ("decode", min(d for k, d in K.TILES if k == "decode" and d >= D), "hq-e8-2b")
+    arch, saved = K.device_arch(DEV), K.FORMAT_TILES.get(key)
+    codec = get_codec("hq-e8-2b", head_dim=D)
+    lines += ["", f"hq-e8-2b decode ms by tile (rows a step / warps / stages; the launcher's: {K.tile('decode', D, DEV, 'hq-e8-2b')}):", "",
+              "| context | batch | " + " | ".join(args.tiles) + " |", "|---|---|" + "---|" * len(args.tiles)]
+    for ctx in CONTEXTS:
+        for B in BATCHES:
+            n = ctx // 64
+            q = torch.randn(B, HQ, D, device=DEV, dtype=torch.bfloat16)
+            ip, idx, lpl = i32([b * n for b in range(B + 1)]), torch.arange(B * n, dtype=torch.int32, device=DEV), i32([64] * B)
+            kp, _ = make_pages(codec, B * n, 1); vp, _ = make_pages(codec, B * n, 2)
+            ws = DecodeWorkspace.allocate(B, HKV, HQ // HKV, D, 64, DEV)
+            ms = []
+            for t in args.tiles:
+                bn, w, st = map(int, t.split("/"))
+                K.FORMAT_TILES[key] = {arch: K.Tile(bn, 0, w, st)}
+                try: ms.append(bench(lambda: decode(q, kp, vp, ip, idx, lpl, codec, workspace=ws)))
+                finally:
+                    if saved is None: K.FORMAT_TILES.pop(key)
+                    else: K.FORMAT_TILES[key] = saved
+            lines.append(f"| {ctx} | {B} | " + " | ".join(f"{x:.3f}" for x in ms) + " |")
+            del kp, vp
 table = "\n".join(lines)
 print(table)
 if args.out:

@@ -141,9 +141,10 @@ def table(HQ:int, HKV:int, D:int, fmts:list, counts:dict, rows:list) -> list[str
     device, meas = measured()
     gpu = spec_for(device)
     if not (meas and gpu): return lines
-    lines += ["", f"Against the last measurement (`{MEASURED}`, {device}, predicted as {gpu}; window off; the "
-              "kernels of that run: hq-e8-2b's tile was 16 rows as now, bf16's 16 rows then and 64 now): measured / "
-              "predicted time.", "", "| context | batch | hq-e8-2b ms measured | predicted | measured / predicted | "
+    lines += ["", f"Against the last measurement (`{MEASURED}`, {device}, predicted as {gpu}; window off): measured "
+              "/ predicted time. The kernels of that run are not today's: bf16 decoded 16 rows a step then (64 now), "
+              "hq-e8-2b 16 rows x 8 warps with a codeword's values spread over threads (one thread, 32 rows x 4 "
+              "warps now).", "", "| context | batch | hq-e8-2b ms measured | predicted | measured / predicted | "
               "bf16 ms measured | predicted | measured / predicted |", "|---|---|---|---|---|---|---|---|"]
     for (ctx, B), (e_ms, b_ms) in sorted(meas.items()):
         p = {x["fmt"]: x["us"] / 1e3 for x in rows

@@ -17,11 +17,8 @@ runs once per program. A count is per warp: every warp of the program issues eac
 from __future__ import annotations
 import argparse, collections, functools, json, os, re, subprocess, sys, tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import compile_check as cc                         # sets TRITON_INTERPRET=0 before triton is imported
-import triton
-from triton.compiler import ASTSource
-
-NVDISASM = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+# compile_check (which sets TRITON_INTERPRET=0 before triton is imported) loads only where a kernel is compiled:
+# reading SASS (`loops`, `pipes`) imports nothing
 
 # Which execution pipe an opcode issues to on sm_80/sm_90 (NVIDIA's tuning guides and public microbenchmarks; an
 # opcode not named here counts toward issue only): "alu" the integer and logic pipe (16 lanes per SM sub-partition),
@@ -38,8 +35,12 @@ _INS = re.compile(r"\s+/\*([0-9a-f]+)\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*
 _LABEL = re.compile(r"^(\.L_x_\d+):")
 _BACK = re.compile(r"BRA\s+`\((\.L_x_\d+)\)")
 
-def disassemble(cfg:"cc.Config", arch:int, kernel:str="decode_kernel") -> tuple[str, dict, int]:
+def disassemble(cfg, arch:int, kernel:str="decode_kernel") -> tuple[str, dict, int]:
     "(SASS text, the launch's named constexprs, num_warps) of `kernel` as the launcher calls it for `cfg` on `arch`."
+    import compile_check as cc
+    import triton
+    from triton.compiler import ASTSource
+    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
     with cc.recording(arch) as sink: cc.call(cfg)
     for launch in sink:
         if launch.fn.__name__ != kernel: continue
@@ -48,7 +49,7 @@ def disassemble(cfg:"cc.Config", arch:int, kernel:str="decode_kernel") -> tuple[
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "k.cubin")
             open(path, "wb").write(k.asm["cubin"])
-            r = subprocess.run([NVDISASM, "-c", path], capture_output=True, text=True)
+            r = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True)
         if r.returncode: raise RuntimeError(f"nvdisasm failed on {cfg.label()} sm_{arch}: {r.stderr[-500:]}")
         return r.stdout, dict(named), options.num_warps
     raise RuntimeError(f"{cfg.label()} made no {kernel} launch")
@@ -79,7 +80,8 @@ def pipes(c:collections.Counter) -> dict:
 @functools.lru_cache(maxsize=None)
 def decode_counts(fmt:str, head_dim:int, group:int, arch:int, window:bool) -> dict:
     "The decode launch's tile and its loops' instructions per pipe and warp: code step, window steps, once a program."
-    sass, named, warps = disassemble(cc.Config("engine", "decode", fmt, head_dim, group, window), arch)
+    from compile_check import Config
+    sass, named, warps = disassemble(Config("engine", "decode", fmt, head_dim, group, window), arch)
     body, outside = loops(sass)
     if len(body) != (3 if window else 1):
         raise RuntimeError(f"decode_kernel {fmt} D={head_dim} G={group} window={window} sm_{arch}: {len(body)} "
@@ -96,7 +98,8 @@ def main(argv=None):
     a = ap.parse_args(argv)
     win = a.window == "on"
     if a.json: return print(json.dumps(decode_counts(a.format, a.head_dim, a.group, a.arch, win)))
-    sass, named, warps = disassemble(cc.Config("engine", "decode", a.format, a.head_dim, a.group, win), a.arch)
+    from compile_check import Config
+    sass, named, warps = disassemble(Config("engine", "decode", a.format, a.head_dim, a.group, win), a.arch)
     body, outside = loops(sass)
     print(f"decode_kernel {a.format} D={a.head_dim} G={a.group} window={a.window} sm_{a.arch}: "
           f"BLOCK_N={named['BLOCK_N']}, {warps} warps")

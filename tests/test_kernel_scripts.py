@@ -17,3 +17,35 @@ def test_script_tiny(script, tmp_path):
     else:
         table = (tmp_path / "table.md").read_text()
         assert "| decode |" in table and "| prefill" in table, table
+
+SASS = """
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+.L_x_1:
+        /*0010*/                   LOP3.LUT R2, R2, 0x3, RZ, 0xc0, !PT ;
+.L_x_2:
+        /*0020*/                   FADD R3, R3, 0.5 ;
+        /*0030*/               @P0 BRA `(.L_x_2) ;
+        /*0040*/                   NOP ;
+        /*0050*/              @!P1 BRA `(.L_x_1) ;
+        /*0060*/                   MUFU.EX2 R4, R4 ;
+.L_x_3:
+        /*0070*/                   IMAD R5, R5, 0x2, RZ ;
+        /*0080*/                   BRA `(.L_x_3) ;
+        /*0090*/                   EXIT ;
+.L_x_4:
+        /*00a0*/                   BRA `(.L_x_4);
+"""
+
+def test_sass_loops():
+    """kernels/sass.py: the top-level loops in program order (a nested loop inside its parent's count), the trap after
+    EXIT no loop, NOP no issued work."""
+    sys.path.insert(0, str(ROOT / "kernels"))
+    import sass                                   # reading SASS imports neither triton nor compile_check
+    assert "compile_check" not in sys.modules or os.environ.get("TRITON_INTERPRET") != "0"   # no side effect
+    body, rest = sass.loops(SASS)
+    assert [sum(c.values()) for c in body] == [5, 2], body          # .L_x_1 to its branch (.L_x_2 inside), .L_x_3
+    assert body[0]["FADD"] == 1 and body[0]["BRA"] == 2 and body[1]["IMAD"] == 1
+    assert rest == {"LDC": 1, "MUFU": 1, "EXIT": 1, "BRA": 1}, rest
+    p = sass.pipes(body[0])
+    assert p == dict(issue=4, alu=1, fma=1, mufu=0), p                # NOP: padding, not issued work
+    assert sass.pipes(rest)["mufu"] == 1

@@ -150,7 +150,21 @@ TILES = {
 # 4K x 1 0.168 -> 0.122 ms, 32K x 8 1.184 -> 0.482, 128K x 1 0.376 -> 0.225, 32K x 1 equal; no spills (kernels/resources.md).
 # hq-e8-2b keeps 16: 64 rows were faster from 32K (2.20 vs 3.02 ms at 32K x 8) but 2x slower at 4K x 1 (0.540 vs 0.279)
 # Decode at 80-128 on sm_90, hq-e8-2b keys with tbq2 values: 16 rows a step spill 4 B (at 95 registers, 1 stage too), 32 none
+# Decode of hq-e8-2b pages, per arch the tile with the fewest warp-instructions a row of K and V in the compiled loop
+# (kernels/sass.py, GQA 6) among those with no spill in any launch (head sizes of the row, GQA 1/2/8, window, turned
+# mean) and two blocks an SM where one has; not measured on a GPU (the H200's 4K x 1 above ran slower with more rows a
+# step). Against 16 x 8 (x 4 at 64): 64: sm_80 64 x 4 (109 -> 76), sm_90 32 x 4 (115 -> 85); 128: 16 x 4 (258 -> 186;
+# sm_90's 64 x 8, 151, holds one block an SM); 256: 32 x 4 (446 -> 275, 444 -> 272; 16 x 8 spills 16 B on sm_90 with
+# the joined decode); 512: 32 x 8 (~820 -> 630, one block an SM as before)
+# Prefill at 64 on sm_80, q8_0 keys with hq-e8-2b values: 28 B of spills at 1 stage (128 registers), none at 2. Decode
+# at 144-256 on sm_80, tbq3 keys with hq-e8-2b values: 16 x 8 spills 16 B with the joined decode, 32 x 4 none (16 x 4: 4 B)
 FORMAT_TILES = {
+    ("decode", 64, "hq-e8-2b"): {80: Tile(64, 0, 4, 2), 90: Tile(32, 0, 4, 2)},
+    ("decode", 128, "hq-e8-2b"): {80: Tile(16, 0, 4, 2), 90: Tile(16, 0, 4, 2)},
+    ("decode", 256, "hq-e8-2b"): {80: Tile(32, 0, 4, 2), 90: Tile(32, 0, 4, 2)},
+    ("decode", 512, "hq-e8-2b"): {80: Tile(32, 0, 8, 2), 90: Tile(32, 0, 8, 2)},
+    ("prefill", 64, "q8_0/hq-e8-2b"): {80: Tile(16, 32, 8, 2)},
+    ("decode", 256, "tbq3/hq-e8-2b"): {80: Tile(32, 0, 4, 2)},
     ("decode", 128, "hq-e8-2b/tbq2"): {90: Tile(32, 0, 8, 2)},
     ("prefill", 512, "tbq3/hq-e8-2b"): {90: Tile(16, 16, 8, 2)},
     ("decode", 256, "bf16"): {90: Tile(64, 0, 8, 2)},

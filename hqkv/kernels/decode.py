@@ -103,10 +103,19 @@ def _load_e8(rows, n_mask, table_ptr, D, NS: tl.constexpr, D_PAD: tl.constexpr, 
     par = (par ^ (par >> 1) ^ (w >> 16)) & 1         # coordinate 0: the parity rule
     neg = (sb << 1) | par
     shift = tl.where((code & 1) == 1, 0.25, -0.25)
-    lane = tl.arange(0, 8)[None, None, :]
-    mag = ((w[:, :, None] >> (2 * lane)) & 3).to(tl.float32) + 0.5
-    val = tl.where(((neg[:, :, None] >> lane) & 1) == 1, -mag, mag) + shift[:, :, None]
-    return tl.reshape(val * scale[:, :, None], [BLOCK_N, D_PAD])
+    c0, c1, c2, c3 = (_e8_coord(w, neg, shift, scale, 0), _e8_coord(w, neg, shift, scale, 1),
+                      _e8_coord(w, neg, shift, scale, 2), _e8_coord(w, neg, shift, scale, 3))
+    c4, c5, c6, c7 = (_e8_coord(w, neg, shift, scale, 4), _e8_coord(w, neg, shift, scale, 5),
+                      _e8_coord(w, neg, shift, scale, 6), _e8_coord(w, neg, shift, scale, 7))
+    # a codeword's 8 values in one thread (tl.join's new dimensions): coordinate 4 a + 2 b + c lands at [.., a, b, c]
+    x = tl.join(tl.join(tl.join(c0, c4), tl.join(c2, c6)), tl.join(tl.join(c1, c5), tl.join(c3, c7)))
+    return tl.reshape(x, [BLOCK_N, D_PAD])
+
+@triton.jit
+def _e8_coord(w, neg, shift, scale, J: tl.constexpr):
+    "Coordinate J of each codeword [BLOCK_N, D/8]: (+-(|pattern| + 1/2) + shift) x scale."
+    mag = ((w >> (2 * J)) & 3).to(tl.float32) + 0.5
+    return (tl.where(((neg >> J) & 1) == 1, -mag, mag) + shift) * scale
 
 @triton.jit
 def _load_rows(ptr, # page base pointer (already at the page and KV head)
