@@ -34,12 +34,22 @@ import argparse, os, sys, time
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--tiny", action="store_true", help="tiny shapes (runs under the Triton interpreter without a GPU)")
 parser.add_argument("--out", default=None, help="also write the markdown table to this file")
-parser.add_argument("--tiles", nargs="*", default=[], help="hq-e8-2b decode tiles to time too, as BLOCK_N/WARPS/STAGES (GPU only)")
+def tile_arg(t:str) -> tuple[int, int, int]:
+    "BLOCK_N/WARPS/STAGES, e.g. 32/4/2."
+    try:
+        bn, w, st = map(int, t.split("/"))
+        assert bn > 0 and bn & (bn - 1) == 0 and w in (1, 2, 4, 8, 16) and st >= 1
+        return bn, w, st
+    except (ValueError, AssertionError):
+        raise argparse.ArgumentTypeError(f"{t!r}: a tile is BLOCK_N/WARPS/STAGES, e.g. 32/4/2 (BLOCK_N a power of two)")
+parser.add_argument("--tiles", nargs="*", type=tile_arg, default=[],
+                    help="hq-e8-2b decode tiles to time too, as BLOCK_N/WARPS/STAGES (needs a GPU)")
 args = parser.parse_args()
 
 import torch
 if not torch.cuda.is_available():
     if not args.tiny: sys.exit("bench_attention: no CUDA device; run with --tiny to exercise the script under the Triton interpreter")
+    if args.tiles: sys.exit("bench_attention --tiles: no CUDA device (the interpreter reads its own tile, not a GPU's)")
     os.environ.setdefault("TRITON_INTERPRET", "1")
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 import torch.nn.functional as F
@@ -150,11 +160,14 @@ for op, rs in (("decode", rows), (f"prefill {CHUNK}", [prow])):
 # -------------------------------------------
 import hqkv.kernels as K
 if args.tiles and DEV == "cuda":
-    key = ("decode", min(d for k, d in K.TILES if k == "decode" and d >= D), "hq-e8-2b")
-    arch, saved = K.device_arch(DEV), K.FORMAT_TILES.get(key)
+    row = min(d for k, d in K.TILES if k == "decode" and d >= D)
+    key, saved = ("decode", row, "hq-e8-2b"), K.FORMAT_TILES.get(("decode", row, "hq-e8-2b"))
+    arch = max(a for a in K.TILES["decode", row] if a is not None and a <= max(K.device_arch(DEV), 80))   # as arch_tile
     codec = get_codec("hq-e8-2b", head_dim=D)
-    lines += ["", f"hq-e8-2b decode ms by tile (rows a step / warps / stages; the launcher's: {K.tile('decode', D, DEV, 'hq-e8-2b')}):", "",
-              "| context | batch | " + " | ".join(args.tiles) + " |", "|---|---|" + "---|" * len(args.tiles)]
+    names = ["/".join(map(str, t)) for t in args.tiles]
+    lines += ["", f"hq-e8-2b decode ms by tile (rows a step / warps / stages; the launcher's: "
+              f"{K.tile('decode', D, DEV, 'hq-e8-2b')}):", "", "| context | batch | " + " | ".join(names) + " |",
+              "|---|---|" + "---|" * len(names)]
     for ctx in CONTEXTS:
         for B in BATCHES:
             n = ctx // 64
@@ -163,8 +176,7 @@ if args.tiles and DEV == "cuda":
             kp, _ = make_pages(codec, B * n, 1); vp, _ = make_pages(codec, B * n, 2)
             ws = DecodeWorkspace.allocate(B, HKV, HQ // HKV, D, 64, DEV)
             ms = []
-            for t in args.tiles:
-                bn, w, st = map(int, t.split("/"))
+            for bn, w, st in args.tiles:
                 K.FORMAT_TILES[key] = {arch: K.Tile(bn, 0, w, st)}
                 try: ms.append(bench(lambda: decode(q, kp, vp, ip, idx, lpl, codec, workspace=ws)))
                 finally:
