@@ -148,7 +148,8 @@ TILES = {
 # next block staged in shared memory, 116 KiB); 2 stages spill tbq3 and tbq4 alone (20-28 B)
 # Decode at 256 on sm_90, bf16 pages: 64 rows a step, measured on an H200 (kernels/results_h200_diag.log, Triton 3.6):
 # 4K x 1 0.168 -> 0.122 ms, 32K x 8 1.184 -> 0.482, 128K x 1 0.376 -> 0.225, 32K x 1 equal; no spills (kernels/resources.md).
-# hq-e8-2b keeps 16: 64 rows were faster from 32K (2.20 vs 3.02 ms at 32K x 8) but 2x slower at 4K x 1 (0.540 vs 0.279)
+# hq-e8-2b then (its decode before the joined one below): 64 rows were faster from 32K (2.20 vs 3.02 ms at 32K x 8) but
+# 2x slower at 4K x 1 (0.540 vs 0.279)
 # Decode at 80-128 on sm_90, hq-e8-2b keys with tbq2 values: 16 rows a step spill 4 B (at 95 registers, 1 stage too), 32 none
 # Decode of hq-e8-2b pages, per arch the tile with the fewest warp-instructions a row of K and V in the compiled loop
 # (kernels/sass.py, GQA 6) among those with no spill in any launch (head sizes of the row, GQA 1/2/8, window, turned
