@@ -110,7 +110,9 @@ def measured(path=MEASURED) -> tuple[str, dict]:
         if len(c) > 4 and c[0] == "decode": rows[int(c[1]), int(c[2])] = (float(c[3]), float(c[4]))
     return lines[0].split(";")[0].removeprefix("Device: "), rows
 
-def table(HQ:int, HKV:int, D:int, fmts:list, counts:dict, rows:list) -> list[str]:
+HEAD_SIZES = (64, 128, 256, 512)      # the widest of each TILES row: hq-e8-2b's decode per head size, at its tile
+
+def table(HQ:int, HKV:int, D:int, fmts:list, counts:dict, rows:list, heads:dict) -> list[str]:
     "roofline.md's lines: the loops' cost per row, the predictions, and the last measurement against them."
     from hqkv.kernels import KERNEL_FORMATS
     read = [f for f in fmts if f in KERNEL_FORMATS]
@@ -129,6 +131,11 @@ def table(HQ:int, HKV:int, D:int, fmts:list, counts:dict, rows:list) -> list[str
              "| arch | " + " | ".join(read) + " |", "|---|" + "---|" * len(read)]
     for a in sorted({g["arch"] for g in GPUS.values()}):
         lines.append(f"| sm_{a} | " + " | ".join(per_row(counts[f"sm_{a} {f} window=off"]) for f in read) + " |")
+    lines += ["", f"hq-e8-2b's code-block loop per head size (GQA {HQ // HKV}, window off), warp-instructions a row at "
+              "the launcher's tile (`hqkv.kernels.FORMAT_TILES`):", "",
+              "| arch | " + " | ".join(map(str, HEAD_SIZES)) + " |", "|---|" + "---|" * len(HEAD_SIZES)]
+    for a in sorted({g["arch"] for g in GPUS.values()}):
+        lines.append(f"| sm_{a} | " + " | ".join(per_row(heads[f"sm_{a} hq-e8-2b D={d}"]) for d in HEAD_SIZES) + " |")
     lines += ["", "| GPU | context | batch | window | bf16 us | hq-e8-2b us | e8 / bf16 | e8 bound | "
               + " | ".join(fmts[2:]) + " |", "|---|---|---|---|---|---|---|---|" + "---|" * len(fmts[2:])]
     def cell(x): return f"({x['us']:.1f})" if x["bytes_only"] else f"{x['us']:.1f} ({x['bound'][0]})"
@@ -171,11 +178,13 @@ def main():
                     for f in fmts:
                         c = counts.get(f"sm_{g['arch']} {f} window={'on' if win[1] else 'off'}")
                         rows.append(predict_decode(gpu, f, D, HQ, HKV, ctx, B, *win, counts=c))
+    heads = {f"sm_{a} hq-e8-2b D={d}": sass_counts("hq-e8-2b", d, HQ // HKV, a, False)
+             for a in archs for d in HEAD_SIZES}
     os.makedirs("nbs/results", exist_ok=True)
     json.dump(dict(model=__doc__.splitlines()[1], launch_us=LAUNCH_US, issue_per_clock=ISSUE_PER_CLOCK,
-                   int_lanes=INT_LANES, mufu_lanes=MUFU_LANES, gpus=GPUS, sass_counts=counts, rows=rows),
-              open("nbs/results/kernel_roofline.json", "w"))
-    lines = table(HQ, HKV, D, fmts, counts, rows)
+                   int_lanes=INT_LANES, mufu_lanes=MUFU_LANES, gpus=GPUS, sass_counts=counts, head_sizes=heads,
+                   rows=rows), open("nbs/results/kernel_roofline.json", "w"))
+    lines = table(HQ, HKV, D, fmts, counts, rows, heads)
     open("kernels/roofline.md", "w").write("\n".join(lines) + "\n")
     print("\n".join(lines))
 

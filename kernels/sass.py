@@ -77,9 +77,8 @@ def pipes(c:collections.Counter) -> dict:
         if op in PIPE_OF: out[PIPE_OF[op]] += n
     return out
 
-@functools.lru_cache(maxsize=None)
-def decode_counts(fmt:str, head_dim:int, group:int, arch:int, window:bool) -> dict:
-    "The decode launch's tile and its loops' instructions per pipe and warp: code step, window steps, once a program."
+def decode_loops(fmt:str, head_dim:int, group:int, arch:int, window:bool) -> tuple:
+    "The decode launch's top-level loops' opcode counts (code blocks, sinks, ring), the rest, its constexprs, warps."
     from compile_check import Config
     sass, named, warps = disassemble(Config("engine", "decode", fmt, head_dim, group, window), arch)
     body, outside = loops(sass)
@@ -87,6 +86,12 @@ def decode_counts(fmt:str, head_dim:int, group:int, arch:int, window:bool) -> di
         raise RuntimeError(f"decode_kernel {fmt} D={head_dim} G={group} window={window} sm_{arch}: {len(body)} "
                            f"top-level loops, expected {3 if window else 1} (the kernel's loop structure changed: "
                            "update kernels/sass.py)")
+    return body, outside, named, warps
+
+@functools.lru_cache(maxsize=None)
+def decode_counts(fmt:str, head_dim:int, group:int, arch:int, window:bool) -> dict:
+    "The decode launch's tile and its loops' instructions per pipe and warp: code step, window steps, once a program."
+    body, outside, named, warps = decode_loops(fmt, head_dim, group, arch, window)
     return dict(block_n=named["BLOCK_N"], warps=warps, code=pipes(body[0]), once=pipes(outside),
                 sinks=pipes(body[1]) if window else None, ring=pipes(body[2]) if window else None)
 
@@ -98,9 +103,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     win = a.window == "on"
     if a.json: return print(json.dumps(decode_counts(a.format, a.head_dim, a.group, a.arch, win)))
-    from compile_check import Config
-    sass, named, warps = disassemble(Config("engine", "decode", a.format, a.head_dim, a.group, win), a.arch)
-    body, outside = loops(sass)
+    body, outside, named, warps = decode_loops(a.format, a.head_dim, a.group, a.arch, win)
     print(f"decode_kernel {a.format} D={a.head_dim} G={a.group} window={a.window} sm_{a.arch}: "
           f"BLOCK_N={named['BLOCK_N']}, {warps} warps")
     for name, c in zip(("code blocks", "sinks", "ring") if win else ("code blocks",), body):

@@ -143,6 +143,8 @@ TILES = {
     ("store", 512):   {80: Tile(4, 4, 4, 1), 90: Tile(4, 4, 4, 1), None: Tile(16, 64)},
 }
 
+
+# %% ../../nbs/30a_kernels.ipynb #76b8d1c6
 # (kernel, head-dim ceiling, "keys/values" formats) -> {arch: Tile}: where the row above spills for one pair.
 # Prefill at 512 on sm_90, tbq3 keys with hq-e8-2b values: 16 B of spills at 1 stage, none at 2 (the loads of the
 # next block staged in shared memory, 116 KiB); 2 stages spill tbq3 and tbq4 alone (20-28 B)
@@ -154,11 +156,12 @@ TILES = {
 # Decode of hq-e8-2b pages, per arch the tile with the fewest warp-instructions a row of K and V in the compiled loop
 # (kernels/sass.py, GQA 6) among those with no spill in any launch (head sizes of the row, GQA 1/2/8, window, turned
 # mean) and two blocks an SM where one has; not measured on a GPU (the H200's 4K x 1 above ran slower with more rows a
-# step). Against 16 x 8 (x 4 at 64): 64: sm_80 64 x 4 (109 -> 76), sm_90 32 x 4 (115 -> 85); 128: 16 x 4 (258 -> 186;
-# sm_90's 64 x 8, 151, holds one block an SM); 256: 32 x 4 (446 -> 275, 444 -> 272; 16 x 8 spills 16 B on sm_90 with
-# the joined decode); 512: 32 x 8 (~820 -> 630, one block an SM as before)
+# step). Their counts: kernels/roofline.md (64: 76 / 85 on sm_80 / sm_90; 128: 186; 256: 275 / 272; 512: ~630). The old
+# decode at 16 x 8 took 458 at 256 on sm_90 (kernels/roofline.md of 678197b); probes of the others' tiles (not saved):
+# at 128 sm_90's 64 x 8 (151) holds one block an SM; 16 x 8 spills 16 B at 256 on sm_90 with the joined decode
 # Prefill at 64 on sm_80, q8_0 keys with hq-e8-2b values: 28 B of spills at 1 stage (128 registers), none at 2. Decode
-# at 144-256 on sm_80, tbq3 keys with hq-e8-2b values: 16 x 8 spills 16 B with the joined decode, 32 x 4 none (16 x 4: 4 B)
+# at 144-256 on sm_80, tbq3 keys with hq-e8-2b values: 16 x 8 spills 16 B with the joined decode, 32 x 4 none (16 x 4:
+# 4 B). The spills: sliced kernel-check runs and probes, not kept; kernels/resources.md has the tiles kept
 FORMAT_TILES = {
     ("decode", 64, "hq-e8-2b"): {80: Tile(64, 0, 4, 2), 90: Tile(32, 0, 4, 2)},
     ("decode", 128, "hq-e8-2b"): {80: Tile(16, 0, 4, 2), 90: Tile(16, 0, 4, 2)},
