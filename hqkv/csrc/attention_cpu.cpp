@@ -1,9 +1,9 @@
 // hqkv CPU decode attention that reads coded KV pages in place.
 // Built on first use by hqkv.attention_cpu (nbs/34_attention.cpu.ipynb: the maths, the tests and the
-// measurements live there). One work item = (sequence, split of the context), its KV heads one after another; each
-// KV head's G query heads (1 to 8, or padded to a multiple of 8) share every decoded row; blocks of up to 64 rows are scored,
-// softmaxed online in FP32 and accumulated into V, all in the codec's rotated domain. Splits are merged by
-// log-sum-exp. The window rule (sinks from the window, then the codes, then the recent ring) is
+// measurements live there). One work item = (sequence, split of the context), its KV heads one after another;
+// each KV head's G query heads (1 to 8, or padded to a multiple of 8) share every decoded row; blocks of up to
+// 64 rows are scored, softmaxed online in FP32 and accumulated into V, all in the codec's rotated domain. Splits
+// are merged by log-sum-exp. The window rule (sinks from the window, then the codes, then the recent ring) is
 // hqkv.attention_cpu.held_spans; this file only reads the three spans it is given per sequence.
 #include <stdint.h>
 #include <string.h>
