@@ -49,3 +49,13 @@ def test_sass_loops():
     p = sass.pipes(body[0])
     assert p == dict(issue=4, alu=1, fma=1, mufu=0), p                # NOP: padding, not issued work
     assert sass.pipes(rest)["mufu"] == 1
+
+
+def test_e8_packed_emulation():
+    "kernels/e8_packed_probe.py: its byte arithmetic gives every codeword's values; a wrong table entry is caught."
+    sys.path.insert(0, str(ROOT / "kernels"))
+    import e8_packed_probe as p
+    assert p.emulate() == 0
+    mag, sgn = p.tables()
+    sgn = list(sgn); sgn[3] ^= 0xFF                      # coordinate 0's sign wrong for one sign index
+    assert p.emulate((mag, sgn)) > 0
