@@ -131,7 +131,7 @@ _FMTS = {}
 # the kernel's description and the table it points to (keep it alive)
 def cpu_format(codec:Codec) -> tuple[_Fmt, Tensor|None]:
     "How the kernel reads `codec`'s rows; ValueError naming the formats it reads."
-    key = (codec.name, codec.head_dim, getattr(codec, "seed", None))
+    key = (codec.name, codec.head_dim, getattr(codec, "seed", None), codec.row_bytes)   # row_bytes: hq-e8-2b rows of 4 or 1 scales
     if key in _FMTS: return _FMTS[key]
     if codec.name not in CPU_FORMATS:
         raise ValueError(f"hqkv.attention_cpu reads {', '.join(CPU_FORMATS)} pages, not {codec.name!r}")

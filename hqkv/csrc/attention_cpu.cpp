@@ -85,6 +85,8 @@ static inline float f16f(uint16_t h) {        // IEEE half -> float (portable)
     float f; memcpy(&f, &u, 4); return f;
 }
 static inline uint16_t ld16(const uint8_t* p) { uint16_t v; memcpy(&v, p, 2); return v; }
+// hq-e8-2b's bf16 scales per row, after its D/4 bytes of codewords: four (a quarter each) or one (the whole row)
+static inline int64_t e8_scales(const Fmt& f) { return (f.row_bytes - f.D / 4) / 2; }
 
 // ---------------------------------------------------------------- portable path: decode a row, then loops
 static void decode_row(const Fmt& f, const uint8_t* row, float* x) {
@@ -92,7 +94,7 @@ static void decode_row(const Fmt& f, const uint8_t* row, float* x) {
     switch (f.kind) {
     case FMT_BF16: for (int64_t i = 0; i < D; ++i) x[i] = bf16f(ld16(row + 2 * i)); break;
     case FMT_E8: {
-        float sc[4]; for (int k = 0; k < 4; ++k) sc[k] = bf16f(ld16(row + D / 4 + 2 * k));
+        float sc[4]; for (int k = 0; k < 4; ++k) sc[k] = bf16f(ld16(row + D / 4 + 2 * std::min<int64_t>(k, e8_scales(f) - 1)));
         for (int64_t g = 0; g < D / 8; ++g) {
             const uint8_t* cw = row + 2 * g; const float* t = f.tab + 2048 + 16 * cw[0];
             for (int j = 0; j < 8; ++j) {
@@ -167,9 +169,10 @@ struct BF16 {                               // 8 bf16 -> 8 float: widen and shif
 };
 struct E8 {                                 // (|pattern| + signed shift) xor signs; the quarter scale (tables: hqkv.attention_cpu.e8_tables)
     static constexpr bool scaled = true;
-    struct R { const uint8_t* p; const float* sc; };   // sc: the row's 4 quarter scales as floats (see prep)
+    struct R { const uint8_t* p; const float* sc; };   // sc: the row's 4 quarter scales as floats (see prep; one scale: 4 copies)
     static inline void prep(const uint8_t* base, int64_t stride, int n, const Fmt& f, float* sc) {
-        for (int i = 0; i < n; ++i) { const uint8_t* sp = base + i * stride + f.D / 4; for (int k = 0; k < 4; ++k) sc[4 * i + k] = bf16f(ld16(sp + 2 * k)); }
+        const int64_t last = e8_scales(f) - 1;   // one scale: repeated for the four quarters
+        for (int i = 0; i < n; ++i) { const uint8_t* sp = base + i * stride + f.D / 4; for (int k = 0; k < 4; ++k) sc[4 * i + k] = bf16f(ld16(sp + 2 * std::min<int64_t>(k, last))); }
     }
     static inline R row(const uint8_t* p, const Fmt&, const float* sc, int i) { return R{p, sc + 4 * i}; }
     static inline __m256 scale(const R& r, int b, const Fmt&) { return _mm256_broadcast_ss(r.sc + b); }
@@ -454,16 +457,21 @@ template<bool LOADS, int OFF = 0> static inline __m512i codes8(const uint8_t* p)
 }
 
 // the rows' quarter scales as floats, sc[q * BLK + i] (row i, quarter q): eight rows' 8-byte scale words by one gather, their
-// bf16 reordered by quarter with one word permute, widened to float (rows past n, to a multiple of 16, repeat the last one)
+// bf16 reordered by quarter with one word permute, widened to float (rows past n, to a multiple of 16, repeat the last one).
+// A row of one scale: the 8 bytes that end the row, its scale the last word, repeated for the four quarters
 static inline void scales(const uint8_t* base, int64_t stride, int n, const Fmt& f, float* sc) {
     alignas(64) static const uint16_t by_quarter[32] = {0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29,
                                                         2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31};
-    const __m512i perm = _mm512_load_si512(by_quarter);
+    alignas(64) static const uint16_t last_word[32] = {3, 7, 11, 15, 19, 23, 27, 31, 3, 7, 11, 15, 19, 23, 27, 31,
+                                                       3, 7, 11, 15, 19, 23, 27, 31, 3, 7, 11, 15, 19, 23, 27, 31};
+    const bool one = e8_scales(f) == 1;
+    const __m512i perm = _mm512_load_si512(one ? last_word : by_quarter);
+    const uint8_t* word = base + f.D / 4 - (one ? 6 : 0);
     const __m512i step = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7), last = _mm512_set1_epi64(n - 1);
     for (int i0 = 0; i0 < ((n + 15) & ~15); i0 += 8) {   // to a multiple of 16 rows (score reads 16 at a time)
         const __m512i rows = _mm512_min_epi64(_mm512_add_epi64(_mm512_set1_epi64(i0), step), last);
         const __m512i w = _mm512_permutexvar_epi16(perm, _mm512_i64gather_epi64(_mm512_mullo_epi64(rows, _mm512_set1_epi64(stride)),
-                                                                                 (const long long*)(base + f.D / 4), 1));
+                                                                                 (const long long*)word, 1));
         for (int q = 0; q < 4; ++q) {
             const __m256i x = _mm256_cvtepu16_epi32(_mm512_extracti32x4_epi32(w, q));
             _mm256_storeu_ps(sc + q * BLK + i0, _mm256_castsi256_ps(_mm256_slli_epi32(x, 16)));
