@@ -15,7 +15,7 @@ from ..rotation import RandomHadamard
 
 # %% auto #0
 __all__ = ['E8P_ABS', 'E8P_PARITY', 'e8p_patterns', 'e8p_decode', 'e8p_grid', 'e8p_encode_reference', 'e8p_encode',
-           'quarter_groups', 'HQE8']
+           'quarter_groups', 'HQE8', 'HQE8OneScale']
 
 # %% ../../nbs/13_codec.e8.ipynb #4ae33d29
 _HALF12 = ((1,2,3), (0,2,3), (0,1,3), (0,1,2), (3,6,7), (3,5,7), (3,4,7), (3,5,6), (3,4,6), (3,4,5),
@@ -294,3 +294,10 @@ def _decode_rotated(self:HQE8, rows:Tensor)->Tensor:
     # (4 grid) (s / 4) = grid s, bit for bit
     s = rows[:, D // 4:].contiguous().view(torch.bfloat16).to(torch.float32) * 0.25
     return self._per_quarter(c, s, torch.mul)
+
+# %% ../../nbs/13_codec.e8.ipynb #ef3bd525
+class HQE8OneScale(HQE8):
+    "hq-e8-2b's codewords under one bf16 scale a row: D/4 + 2 bytes (not registered: the kernels' tests read it)."
+    quarters = 1
+    @classmethod
+    def row_bytes_for(cls, head_dim:int)->int: return head_dim // 4 + 2
