@@ -94,7 +94,8 @@ static void decode_row(const Fmt& f, const uint8_t* row, float* x) {
     switch (f.kind) {
     case FMT_BF16: for (int64_t i = 0; i < D; ++i) x[i] = bf16f(ld16(row + 2 * i)); break;
     case FMT_E8: {
-        float sc[4]; for (int k = 0; k < 4; ++k) sc[k] = bf16f(ld16(row + D / 4 + 2 * std::min<int64_t>(k, e8_scales(f) - 1)));
+        float sc[4]; const int64_t last = e8_scales(f) - 1;   // one scale: repeated for the four quarters
+        for (int k = 0; k < 4; ++k) sc[k] = bf16f(ld16(row + D / 4 + 2 * std::min<int64_t>(k, last)));
         for (int64_t g = 0; g < D / 8; ++g) {
             const uint8_t* cw = row + 2 * g; const float* t = f.tab + 2048 + 16 * cw[0];
             for (int j = 0; j < 8; ++j) {
