@@ -29,7 +29,7 @@ ENV_SLIDING = "HQKV_VLLM_SLIDING_FORMAT"
 # a sequence's first tokens kept exact beside the codes (hqkv's kv.window_sinks); 0: none
 ENV_SINKS = "HQKV_VLLM_WINDOW_SINKS"
 ENV_RECENT = "HQKV_VLLM_WINDOW_RECENT"     # its latest tokens kept exact (hqkv's kv.window_recent); 0: none
-# hqkv's engine keeps 32; a vLLM sink page holds 18-24 bf16 tokens at --block-size 128 (see `sink_capacity`)
+# hqkv's engine keeps 32; a vLLM sink page holds 18 bf16 tokens at --block-size 128 (D 64, 256) (see `sink_capacity`)
 WINDOW_SINKS = 16
 WINDOW_RECENT = 512  # hqkv's engine's
 _KEYS = ("kv_format", "key_profile", "sliding_format", "window_sinks", "window_recent")

@@ -53,7 +53,7 @@ def test_eval_kld_on_a_directory(tiny, tmp_path):
     out = json.loads(r.stdout)
     rows = {row["variant"]: row for row in out["rows"]}
     assert set(rows) == {"hq-e8-2b+window:4:32", "tbq2+window:4:32"}, rows
-    assert rows["hq-e8-2b+window:4:32"]["bytes_per_token"] == 2 * 2 * 1 * 24     # K and V x 2 layers x 1 KV head x 24 B (D = 64)
+    assert rows["hq-e8-2b+window:4:32"]["bytes_per_token"] == 2 * 2 * 1 * 18     # K and V x 2 layers x 1 KV head x 18 B (D = 64)
     assert all(r["kld"]["512"] >= 0 for r in rows.values()), rows
 
 

@@ -207,22 +207,27 @@ def quarter_groups(head_dim:int, # D, a multiple of 8
 # %% ../../nbs/13_codec.e8.ipynb #aaa2aa3b
 @register_codec
 class HQE8(Codec):
-    "hq-e8-2b: randomized Hadamard rotation over the head, D/8 E8P codewords (16 bit) and 4 bf16 quarter scales."
-    name, version, rotated = "hq-e8-2b", 1, True
+    "hq-e8-2b: randomized Hadamard rotation over the head, D/8 E8P codewords (16 bit), bf16 scales (4; 1 at D = 64)."
+    name, version, rotated = "hq-e8-2b", 2, True
     gain: float = 1.03                    # z = gain * y / rms(y) per quarter is what the codebook sees
-    quarters: int = 4                     # scales per head vector (8 metadata bytes of bf16)
 
     def __init__(self, head_dim:int, # the head vector length D (`HEAD_DIMS`: 64..512 in steps of 16)
                  seed:int=0): # seed of the rotation's sign vector
         super().__init__(head_dim)
         self.seed = seed
         self.rht = RandomHadamard(head_dim, seed)
+        self.quarters = self.quarters_for(head_dim)
         self.quarter_groups = quarter_groups(head_dim, self.quarters)
         self._lens = {}
         self._mats = {}
 
     @classmethod
-    def row_bytes_for(cls, head_dim:int)->int: return head_dim // 4 + 8
+    def quarters_for(cls, head_dim:int)->int:
+        "Scales a row: one at D = 64 (18 bytes, 2.25 bits: `studies/59c_e8_metadata`), four (8 bytes) above."
+        return 1 if head_dim == 64 else 4
+
+    @classmethod
+    def row_bytes_for(cls, head_dim:int)->int: return head_dim // 4 + 2 * cls.quarters_for(head_dim)
 
 # %% ../../nbs/13_codec.e8.ipynb #e1dbb671
 @patch
@@ -298,6 +303,5 @@ def _decode_rotated(self:HQE8, rows:Tensor)->Tensor:
 # %% ../../nbs/13_codec.e8.ipynb #ef3bd525
 class HQE8OneScale(HQE8):
     "hq-e8-2b's codewords under one bf16 scale a row: D/4 + 2 bytes (not registered: the kernels' tests read it)."
-    quarters = 1
     @classmethod
-    def row_bytes_for(cls, head_dim:int)->int: return head_dim // 4 + 2
+    def quarters_for(cls, head_dim:int)->int: return 1
